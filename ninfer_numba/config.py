@@ -1,0 +1,183 @@
+"""Frozen configuration dataclasses.
+
+``ModelConfig.from_gguf`` is the only reader of ``qwen35.*`` metadata keys (reference/qwen35-format.md §2).
+``SamplingParams`` is shared by the CPU and GPU backends, the CLI and the server.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ARCH = "qwen35"
+
+
+class ModelFormatError(ValueError):
+    """A model file that cannot be used, with a message that says why (shown to users without a traceback)."""
+
+
+def _scalar_or_first(value: Any, key: str) -> int:
+    """Per-layer arrays are allowed for some keys; this engine needs them uniform."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ModelFormatError(f"metadata key {key} is an empty array")
+        if len(set(value)) != 1:
+            raise ModelFormatError(f"metadata key {key} varies per layer ({sorted(set(value))}); not supported")
+        return int(value[0])
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shapes and constants of one qwen35 model (symbols as in reference/qwen35-format.md §3)."""
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int               # H: query heads of the full-attention layers
+    n_head_kv: int            # Hkv
+    head_dim: int             # d: key_length == value_length
+    n_rot: int                # rotary dims (first n_rot of each head)
+    rope_base: float
+    rope_sections: tuple[int, ...]
+    rms_eps: float
+    conv_kernel: int          # K
+    ssm_state: int            # S: GDN head dim of keys and values
+    ssm_groups: int           # Hk: GDN key heads
+    ssm_heads: int            # Hv: GDN value heads
+    full_attn_interval: int
+    context_length: int
+    tied_embeddings: bool
+    name: str = ""
+
+    @property
+    def conv_dim(self) -> int:
+        """C = 2·Hk·S + Hv·S: channels of the GDN causal conv (q | k | v)."""
+        return 2 * self.ssm_groups * self.ssm_state + self.ssm_heads * self.ssm_state
+
+    @property
+    def ssm_inner(self) -> int:
+        return self.ssm_heads * self.ssm_state
+
+    def is_attention_layer(self, i: int) -> bool:
+        return (i + 1) % self.full_attn_interval == 0
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i in range(self.n_layer) if self.is_attention_layer(i)]
+
+    @property
+    def gdn_layers(self) -> list[int]:
+        return [i for i in range(self.n_layer) if not self.is_attention_layer(i)]
+
+    @classmethod
+    def from_gguf(cls, kv: Mapping[str, Any], tensor_names: set[str] | None = None) -> "ModelConfig":
+        arch = kv.get("general.architecture")
+        if arch != ARCH:
+            raise ModelFormatError(
+                f"unsupported architecture {arch!r}: ninfer_numba runs only {ARCH!r} "
+                "(Qwen3.5/3.6 dense hybrid) models")
+        p = ARCH + "."
+
+        def req(key: str) -> Any:
+            if p + key not in kv:
+                raise ModelFormatError(f"required metadata key {p + key} is missing")
+            return kv[p + key]
+
+        n_embd = int(req("embedding_length"))
+        n_head = _scalar_or_first(req("attention.head_count"), p + "attention.head_count")
+        n_head_kv = _scalar_or_first(kv.get(p + "attention.head_count_kv", n_head), p + "attention.head_count_kv")
+        head_dim = int(kv.get(p + "attention.key_length", n_embd // n_head))
+        value_dim = int(kv.get(p + "attention.value_length", head_dim))
+        if value_dim != head_dim:
+            raise ModelFormatError(f"attention.value_length {value_dim} != key_length {head_dim}")
+        sections = tuple(int(s) for s in req("rope.dimension_sections"))
+        if len(sections) != 4:
+            raise ModelFormatError(f"rope.dimension_sections must have 4 entries, got {len(sections)}")
+        n_rot = int(kv.get(p + "rope.dimension_count", head_dim))
+        if n_rot % 2 or n_rot > head_dim:
+            raise ModelFormatError(f"rope.dimension_count {n_rot} must be even and <= head_dim {head_dim}")
+        if sum(sections[:3]) < n_rot // 2:
+            raise ModelFormatError(f"rope sections {sections} cover fewer than {n_rot // 2} rotary pairs")
+        ssm_state = int(req("ssm.state_size"))
+        ssm_heads = int(req("ssm.time_step_rank"))
+        ssm_groups = int(req("ssm.group_count"))
+        if int(req("ssm.inner_size")) != ssm_state * ssm_heads:
+            raise ModelFormatError("ssm.inner_size must equal ssm.state_size × ssm.time_step_rank")
+        if ssm_heads % ssm_groups:
+            raise ModelFormatError(f"ssm.time_step_rank {ssm_heads} is not a multiple of group_count {ssm_groups}")
+        if n_head % n_head_kv:
+            raise ModelFormatError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        n_vocab = kv.get(p + "vocab_size")
+        tokens = kv.get("tokenizer.ggml.tokens")
+        if tokens is not None:
+            n_vocab = len(tokens)
+        if n_vocab is None:
+            raise ModelFormatError("no vocabulary: neither tokenizer.ggml.tokens nor qwen35.vocab_size is present")
+        tied = tensor_names is not None and "output.weight" not in tensor_names
+        return cls(
+            n_vocab=int(n_vocab), n_embd=n_embd, n_layer=int(req("block_count")),
+            n_ff=_scalar_or_first(req("feed_forward_length"), p + "feed_forward_length"),
+            n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
+            rope_base=float(kv.get(p + "rope.freq_base", 10000.0)), rope_sections=sections,
+            rms_eps=float(req("attention.layer_norm_rms_epsilon")),
+            conv_kernel=int(req("ssm.conv_kernel")), ssm_state=ssm_state, ssm_groups=ssm_groups,
+            ssm_heads=ssm_heads, full_attn_interval=int(kv.get(p + "full_attention_interval", 4)),
+            context_length=int(req("context_length")), tied_embeddings=tied,
+            name=str(kv.get("general.name", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling settings; temperature 0 means greedy. Validated on construction."""
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0                   # 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off (llama.cpp semantics: divide positive logits, multiply negative)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # added to the model's end-of-turn tokens
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens >= 0, "max_tokens must be >= 0"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine knobs; CLI flags map 1:1 to fields."""
+    backend: str = "auto"          # auto | cpu | cuda
+    max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
+    prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
+    kv_type: str = "f16"           # f16 (other KV formats arrive with their kernels)
+    gemm: str = "auto"             # auto | dp4a | mma
+    device: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"backend must be auto, cpu or cuda, not {self.backend!r}")
+        if self.max_seq < 1:
+            raise ValueError("max_seq must be >= 1")
+        if self.prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        if self.gemm not in ("auto", "dp4a", "mma"):
+            raise ValueError(f"gemm must be auto, dp4a or mma, not {self.gemm!r}")

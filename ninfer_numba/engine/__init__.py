@@ -1,0 +1,1 @@
+"""Generation loop, sampling, KV cache, CUDA graphs, the public LLM API."""

@@ -1,0 +1,34 @@
+"""The one place that imports numba.cuda.
+
+numba-cuda 0.30.4 calls ``np.row_stack``, which numpy 2.5 removed; every kernel compile fails with
+AttributeError until the alias is restored, and it must be restored before ``numba.cuda`` is imported.
+Kernel modules therefore do ``from ninfer_numba.kernels.numba_env import cuda`` and never import numba.cuda
+themselves. ``SIMULATOR`` is true under NUMBA_ENABLE_CUDASIM=1, where inline PTX is unavailable and the
+intrinsics in ptx.py switch to pure-Python fallbacks.
+"""
+import numpy as np
+
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
+from numba import config  # noqa: E402
+from numba import cuda  # noqa: E402
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+
+def gpu_available() -> bool:
+    """True when a real CUDA device can run kernels (False under the simulator)."""
+    if SIMULATOR:
+        return False
+    try:
+        return cuda.is_available()
+    except Exception:  # a broken driver install reports itself as "no GPU" here; cuda.detect() says more
+        return False
+
+
+def check_numba_cuda() -> None:
+    """Fail loudly if numba's old built-in CUDA target is active instead of the numba-cuda package."""
+    impl = getattr(cuda, "implementation", "NVIDIA")
+    if not SIMULATOR and impl != "NVIDIA":
+        raise RuntimeError(f"numba.cuda resolves to the {impl!r} target; install numba-cuda==0.30.4")

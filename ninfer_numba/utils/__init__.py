@@ -1,0 +1,1 @@
+"""Small utilities: timing, machine description, offline wheelhouse."""
