@@ -1,0 +1,5 @@
+import sys
+
+from ninfer_numba.cli import main
+
+sys.exit(main())

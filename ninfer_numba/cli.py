@@ -1,0 +1,179 @@
+"""Command line: ``ninfer`` / ``python -m ninfer_numba`` with generate | logits | make-model | info | serve | bench.
+
+A thin layer over the Python API (``LLM``, ``SamplingParams``, ``write_synthetic_gguf``). Expected failures
+(bad files, bad arguments, context overflow) print one line ``error: ...`` and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from ninfer_numba.config import ModelFormatError
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="path to a qwen35 GGUF file")
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto picks cuda when a GPU is present")
+    p.add_argument("--max-seq", type=int, default=4096, help="context capacity in tokens")
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from ninfer_numba import LLM, SamplingParams
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                            seed=a.seed)
+    prompt = a.prompt
+    if a.chat:
+        from ninfer_numba.formats.chat_template import render_chat
+        prompt = render_chat([{"role": "user", "content": prompt}], template=llm.chat_template,
+                             enable_thinking=not a.no_think)
+    ids = llm.encode(prompt)
+    print(f"[{llm.backend}] {len(ids)} prompt tokens", file=sys.stderr)
+    from ninfer_numba.formats.tokenizer import IncrementalDecoder
+    dec = IncrementalDecoder(llm.tokenizer) if llm.tokenizer is not None else None
+    stops = llm.stop_ids(params)
+    t0, n = time.perf_counter(), 0
+    for tok in llm.stream(ids, params):
+        n += 1
+        if tok in stops:
+            break
+        sys.stdout.write(dec.push(tok) if dec else f"{tok} ")
+        sys.stdout.flush()
+    if dec:
+        sys.stdout.write(dec.flush())
+    dt = time.perf_counter() - t0
+    print(f"\n[{n} tokens in {dt:.2f} s]", file=sys.stderr)
+    return 0
+
+
+def _parse_tokens(s: str) -> list[int]:
+    try:
+        return [int(t) for t in s.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise ValueError(f"--tokens must be comma-separated integers, got {s!r}") from None
+
+
+def _cmd_logits(a: argparse.Namespace) -> int:
+    from ninfer_numba import LLM
+    ids = _parse_tokens(a.tokens)
+    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)))
+    out = llm.logits(ids).astype(np.float32)
+    np.save(a.out, out)
+    print(f"wrote {a.out}: float32 {list(out.shape)}", file=sys.stderr)
+    return 0
+
+
+def _cmd_make_model(a: argparse.Namespace) -> int:
+    from ninfer_numba.synth import stderr_progress, write_synthetic_gguf
+    tied = None if a.tied is None else a.tied == "tied"
+    path = write_synthetic_gguf(a.out, a.shape, seed=a.seed, vocab=not a.no_vocab, tied=tied,
+                                progress=stderr_progress)
+    print(path)
+    return 0
+
+
+def _cmd_info(a: argparse.Namespace) -> int:
+    from collections import Counter
+    from ninfer_numba.model.weights import open_model
+    w = open_model(a.model)
+    c = w.config
+    types = Counter(t.type_name for t in w.file.tensors.values())
+    total = sum(t.nbytes for t in w.file.tensors.values())
+    kv_per_tok = len(c.attention_layers) * 2 * c.n_head_kv * c.head_dim * 2
+    state = len(c.gdn_layers) * (c.ssm_heads * c.ssm_state ** 2 + (c.conv_kernel - 1) * c.conv_dim) * 4
+    print(f"file           {a.model} ({w.file.file_size / 1e9:.3f} GB, {len(w.file.tensors)} tensors)")
+    print(f"architecture   qwen35 {c.name}".rstrip())
+    print(f"layers         {c.n_layer} ({len(c.gdn_layers)} Gated DeltaNet, {len(c.attention_layers)} attention)")
+    print(f"embedding      {c.n_embd}, ffn {c.n_ff}, vocab {c.n_vocab}, "
+          f"{'tied' if c.tied_embeddings else 'untied'} output")
+    print(f"attention      {c.n_head} heads / {c.n_head_kv} KV heads, head_dim {c.head_dim}, rope {c.n_rot} dims "
+          f"base {c.rope_base:g}")
+    print(f"gated deltanet {c.ssm_groups} key heads, {c.ssm_heads} value heads, state {c.ssm_state}, "
+          f"conv {c.conv_kernel}")
+    print(f"tensor types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
+    print(f"memory         weights {total / 1e9:.3f} GB; KV cache f16 {kv_per_tok / 1024:.0f} KiB/token; "
+          f"recurrent state {state / 2**20:.1f} MiB/sequence")
+    tok = w.file.kv.get("tokenizer.ggml.model")
+    print(f"tokenizer      {tok}, chat template {'yes' if 'tokenizer.chat_template' in w.file.kv else 'no'}")
+    return 0
+
+
+def _cmd_serve(a: argparse.Namespace) -> int:
+    from ninfer_numba import LLM
+    from ninfer_numba.server.api import serve
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
+    serve(llm, host=a.host, port=a.port, api_key=a.api_key)
+    return 0
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from benchmarks.harness import run
+    return run(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ninfer", description="Qwen3.5/3.6 GGUF inference with numba-cuda kernels")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    _add_engine_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
+    g.add_argument("--no-think", action="store_true", help="with --chat: render with thinking disabled")
+    g.set_defaults(fn=_cmd_generate)
+
+    lg = sub.add_parser("logits", help="write the logits after every position to a .npy file")
+    _add_engine_args(lg)
+    lg.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 5,17,200")
+    lg.add_argument("--out", required=True, help="output .npy (float32 [n_tokens, vocab])")
+    lg.set_defaults(fn=_cmd_logits)
+
+    m = sub.add_parser("make-model", help="write a synthetic random-weight qwen35 GGUF")
+    m.add_argument("--shape", default="tiny", choices=["tiny", "0.8b", "2b", "4b", "9b", "27b"])
+    m.add_argument("--out", required=True)
+    m.add_argument("--no-vocab", action="store_true", help="vocab-less file (tokenizer.ggml.model = none)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--tied", choices=["tied", "untied"], default=None,
+                   help="output embedding (default: as the published model)")
+    m.set_defaults(fn=_cmd_make_model)
+
+    i = sub.add_parser("info", help="describe a model file")
+    i.add_argument("--model", required=True)
+    i.set_defaults(fn=_cmd_info)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _add_engine_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require this bearer token")
+    s.set_defaults(fn=_cmd_serve)
+
+    b = sub.add_parser("bench", help="benchmark against llama.cpp on the same GGUF")
+    from benchmarks.harness import add_arguments
+    add_arguments(b)
+    b.set_defaults(fn=_cmd_bench)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except (ModelFormatError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The public LLM API shared by notebooks, the CLI, the server and the benchmark harness.
+
+``LLM(path, backend=...)`` opens and validates the GGUF file, builds the tokenizer from its metadata and a
+runner for the chosen backend: ``cpu`` runs the NumPy reference model, ``cuda`` the numba-kernel model.
+Both runners implement the same small protocol (``reset``, ``prefill``, ``decode``, ``all_logits``), so the
+generation loop below is written once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ninfer_numba.config import EngineConfig, SamplingParams
+from ninfer_numba.engine.sampling import Sampler
+from ninfer_numba.model.weights import open_model
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]        # generated ids (a final end-of-turn token included when it stopped on one)
+    text: str                   # decoded generated text, end-of-turn token excluded
+    finish_reason: str          # "stop" (end-of-turn / stop token) or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _resolve_backend(name: str) -> str:
+    if name != "auto":
+        return name
+    from ninfer_numba.kernels.numba_env import gpu_available
+    return "cuda" if gpu_available() else "cpu"
+
+
+class LLM:
+    def __init__(self, path: str | Path, backend: str = "auto", max_seq: int = 4096, *,
+                 emulate_int8: bool = False, **engine_kwargs) -> None:
+        self.path = str(path)
+        self.engine_config = EngineConfig(backend=backend, max_seq=max_seq, **engine_kwargs)
+        self.weights = open_model(self.path)
+        self.config = self.weights.config
+        kv = self.weights.file.kv
+        from ninfer_numba.formats.tokenizer import Tokenizer
+        self.tokenizer = Tokenizer.from_gguf_kv(kv)
+        self.chat_template = kv.get("tokenizer.chat_template")
+        self.model_id = Path(self.path).stem
+        self.max_seq = max_seq
+        self.backend = _resolve_backend(backend)
+        t0 = time.perf_counter()
+        if self.backend == "cpu":
+            from ninfer_numba.engine.cpu_runner import CpuRunner
+            self.runner = CpuRunner(self.weights, max_seq, emulate_int8=emulate_int8)
+        elif self.backend == "cuda":
+            from ninfer_numba.engine.cuda_runner import CudaRunner
+            self.runner = CudaRunner(self.weights, self.engine_config)
+        else:
+            raise ValueError(f"unknown backend {backend!r}")
+        self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def compile_seconds(self) -> float:
+        return getattr(self.runner, "compile_seconds", 0.0)
+
+    def describe(self) -> dict:
+        e = self.engine_config
+        return {"backend": self.backend, "kv_type": e.kv_type, "gemm": e.gemm, "max_seq": self.max_seq,
+                "prefill_chunk": e.prefill_chunk}
+
+    # -- tokens in, tokens out -------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model file has no vocabulary (tokenizer.ggml.model = none): "
+                                 "pass token ids instead of text")
+            return self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.config.n_vocab]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.config.n_vocab}): {bad[:5]}")
+        return ids
+
+    def _check_fits(self, n_prompt: int, n_new: int) -> None:
+        if n_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if n_prompt + n_new > self.max_seq:
+            raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({n_new}) exceeds the context of "
+                             f"{self.max_seq} tokens (raise max_seq)")
+
+    def stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        eos = self.tokenizer.eos_ids if (self.tokenizer is not None and not params.ignore_eos) else frozenset()
+        return frozenset(eos) | frozenset(params.stop_token_ids)
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
+        """Yield generated ids one at a time; stops after max_tokens or after yielding a stop token."""
+        ids = self.encode(prompt_ids)
+        self._check_fits(len(ids), params.max_tokens)
+        if params.max_tokens == 0:
+            return
+        stops = self.stop_ids(params)
+        sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids)
+        self.runner.reset()
+        tok = sampler.pick(self.runner.prefill(ids))
+        for n in range(params.max_tokens):
+            yield tok
+            if tok in stops or n + 1 == params.max_tokens:
+                return
+            tok = sampler.pick(self.runner.decode(tok))
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        out = list(self.stream(ids, params))
+        stops = self.stop_ids(params)
+        stopped = bool(out) and out[-1] in stops
+        body = out[:-1] if stopped else out
+        text = self.tokenizer.decode(body) if self.tokenizer is not None else ""
+        return GenerationResult(out, text, "stop" if stopped else "length", len(ids), len(out))
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 [T, n_vocab]: the logits after every position of one fresh sequence."""
+        ids = self.encode(token_ids)
+        self._check_fits(len(ids), 0)
+        self.runner.reset()
+        return self.runner.all_logits(ids)
+
+    # -- timing for the benchmark harness (llama-bench semantics) --------------------------------------
+    def bench_prefill(self, n_tokens: int, *, seed: int = 0) -> float:
+        ids = np.random.default_rng(seed).integers(0, self.config.n_vocab, n_tokens).tolist()
+        self._check_fits(n_tokens, 0)
+        self.runner.reset()
+        return self.runner.timed_prefill(ids)
+
+    def bench_decode(self, n_gen: int, depth: int = 0, *, seed: int = 0) -> float:
+        rng = np.random.default_rng(seed)
+        self._check_fits(max(depth, 1), n_gen)
+        self.runner.reset()
+        if depth:
+            self.runner.prefill(rng.integers(0, self.config.n_vocab, depth).tolist())
+        first = int(rng.integers(0, self.config.n_vocab))
+        return self.runner.timed_decode(first, n_gen)

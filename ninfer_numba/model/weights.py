@@ -1,0 +1,119 @@
+"""Model file → checked weights: the expected tensor table, validation, and host-side access.
+
+``expected_tensors`` is the qwen35 tensor schema (reference/qwen35-format.md §3) in NumPy order. ``open_model``
+checks every tensor's presence, shape and type, rejects extra tensors as llama.cpp does, and returns a
+``ModelWeights`` whose tensors stay memory-mapped and quantized; ``dense`` dequantizes a tensor on use and
+``matmul`` streams large matrices through a bounded row window so that peak memory stays near the file size.
+Tied embeddings (no ``output.weight``) are resolved here, once: ``output_name`` says which tensor to use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ninfer_numba.config import ModelConfig, ModelFormatError
+from ninfer_numba.formats.gguf_reader import GGUFFile, TensorInfo
+from ninfer_numba.formats.quants import check_supported, dequantize, row_slice_bytes
+
+MATMUL_WINDOW_ELEMENTS = 1 << 25   # 32M weights = 128 MB of float32 per dequantized window
+
+
+def expected_tensors(c: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], bool]]:
+    """(name, NumPy shape, is_matrix) for every tensor a qwen35 file must hold."""
+    d, e, inner = c.head_dim, c.n_embd, c.ssm_inner
+    yield "token_embd.weight", (c.n_vocab, e), True
+    yield "output_norm.weight", (e,), False
+    if not c.tied_embeddings:
+        yield "output.weight", (c.n_vocab, e), True
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (e,), False
+        yield b + "post_attention_norm.weight", (e,), False
+        yield b + "ffn_gate.weight", (c.n_ff, e), True
+        yield b + "ffn_up.weight", (c.n_ff, e), True
+        yield b + "ffn_down.weight", (e, c.n_ff), True
+        if c.is_attention_layer(i):
+            yield b + "attn_q.weight", (2 * d * c.n_head, e), True
+            yield b + "attn_k.weight", (d * c.n_head_kv, e), True
+            yield b + "attn_v.weight", (d * c.n_head_kv, e), True
+            yield b + "attn_output.weight", (e, d * c.n_head), True
+            yield b + "attn_q_norm.weight", (d,), False
+            yield b + "attn_k_norm.weight", (d,), False
+        else:
+            yield b + "attn_qkv.weight", (c.conv_dim, e), True
+            yield b + "attn_gate.weight", (inner, e), True
+            yield b + "ssm_conv1d.weight", (c.conv_dim, c.conv_kernel), False
+            yield b + "ssm_dt.bias", (c.ssm_heads,), False
+            yield b + "ssm_a", (c.ssm_heads,), False
+            yield b + "ssm_beta.weight", (c.ssm_heads, e), True
+            yield b + "ssm_alpha.weight", (c.ssm_heads, e), True
+            yield b + "ssm_norm.weight", (c.ssm_state,), False
+            yield b + "ssm_out.weight", (e, inner), True
+
+
+@dataclass
+class ModelWeights:
+    file: GGUFFile
+    config: ModelConfig
+
+    @property
+    def output_name(self) -> str:
+        return "token_embd.weight" if self.config.tied_embeddings else "output.weight"
+
+    def info(self, name: str) -> TensorInfo:
+        return self.file.tensors[name]
+
+    def dense(self, name: str) -> np.ndarray:
+        """The whole tensor as float32 (for norms, small vectors and per-layer matrices)."""
+        t = self.file.tensors[name]
+        return dequantize(self.file.tensor_bytes(name), t.ggml_type, t.shape)
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a 2-D tensor as float32."""
+        t = self.file.tensors[name]
+        raw = row_slice_bytes(self.file.tensor_bytes(name), t.ggml_type, t.shape[1], start, stop)
+        return dequantize(raw, t.ggml_type, (stop - start, t.shape[1]))
+
+    def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x [T, K] @ W[name].T -> [T, N] in float32, dequantizing W a window of rows at a time."""
+        n, k = self.file.tensors[name].shape
+        step = max(1, MATMUL_WINDOW_ELEMENTS // k)
+        if step >= n:
+            return x @ self.dense(name).T
+        out = np.empty((x.shape[0], n), dtype=np.float32)
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            out[:, s:e] = x @ self.rows(name, s, e).T
+        return out
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Embedding rows for token ids [T] -> [T, n_embd] float32 (only those rows are dequantized)."""
+        return np.stack([self.rows("token_embd.weight", int(t), int(t) + 1)[0] for t in tokens]) \
+            if len(tokens) else np.zeros((0, self.config.n_embd), np.float32)
+
+
+def open_model(path: str) -> ModelWeights:
+    """Open and validate a qwen35 GGUF file. Raises ModelFormatError with a user-facing message."""
+    f = GGUFFile(path)
+    config = ModelConfig.from_gguf(f.kv, set(f.tensors))
+    expected = list(expected_tensors(config))
+    names = {n for n, _, _ in expected}
+    for name, shape, _ in expected:
+        t = f.tensors.get(name)
+        if t is None:
+            raise ModelFormatError(f"{path}: required tensor {name} is missing")
+        if tuple(t.shape) != shape:
+            raise ModelFormatError(f"{path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)} "
+                                   "(NumPy order)")
+        check_supported(name, t.ggml_type)
+    extra = sorted(set(f.tensors) - names)
+    if extra:
+        more = f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""
+        raise ModelFormatError(f"{path}: unexpected tensors for a qwen35 model: {', '.join(extra[:5])}{more}")
+    tok = f.tensors["token_embd.weight"]
+    if tok.shape[0] != config.n_vocab:
+        raise ModelFormatError(f"{path}: token_embd has {tok.shape[0]} rows but the vocabulary has "
+                               f"{config.n_vocab} tokens")
+    return ModelWeights(f, config)
