@@ -1,0 +1,62 @@
+"""Tiny bookkeeping kernels for graph-replayable steps: positions live on the device, not in arguments.
+
+A CUDA graph bakes kernel arguments in, so the decode step cannot take its position as a Python int. The
+sequence keeps ``pos`` (tokens already cached) and ``kv_len`` (cache rows valid during this forward) in
+device int32 [1] buffers; these kernels update them inside the captured step.
+"""
+import numpy as np
+
+from ninfer_numba.kernels.numba_env import cuda
+
+TPB = 256
+
+
+@cuda.jit
+def _set_kv_len(pos, kv_len, t):
+    # pos: [1] int32, kv_len: [1] int32 (out), t: tokens of this forward
+    if cuda.grid(1) == 0:
+        kv_len[0] = pos[0] + t
+
+
+@cuda.jit
+def _advance(pos, t):
+    # pos: [1] int32 (in/out)
+    if cuda.grid(1) == 0:
+        pos[0] += t
+
+
+@cuda.jit
+def _set(pos, value):
+    if cuda.grid(1) == 0:
+        pos[0] = value
+
+
+@cuda.jit
+def _fill_zero(a):
+    # a: [N] float32, grid-stride
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < a.shape[0]:
+        a[i] = 0.0
+        i += stride
+
+
+def set_kv_len(pos, kv_len, t: int, *, stream=0) -> None:
+    """kv_len[0] = pos[0] + t."""
+    _set_kv_len[1, 1, stream](pos, kv_len, np.int32(t))
+
+
+def advance(pos, t: int, *, stream=0) -> None:
+    """pos[0] += t."""
+    _advance[1, 1, stream](pos, np.int32(t))
+
+
+def set_position(pos, value: int, *, stream=0) -> None:
+    """pos[0] = value."""
+    _set[1, 1, stream](pos, np.int32(value))
+
+
+def fill_zero(a, *, stream=0) -> None:
+    """a[:] = 0 for a flat float32 device array."""
+    blocks = min(1024, (a.shape[0] + TPB - 1) // TPB)
+    _fill_zero[max(blocks, 1), TPB, stream](a)

@@ -1,0 +1,164 @@
+"""The qwen35 forward pass on the GPU, from numba kernels.
+
+One layer, in launches (decode, T = 1; prefill runs the same sequence with GEMMs and the chunked kernels):
+  rmsnorm_quant(x, attn_norm) → int8 act → GEMV fused input projection → proj
+  GDN:  gdn_decode_step(proj) → y      |  attention: qk_norm_rope_store → attention_decode(+gate) → y
+  quantize_rows(y) → GEMV out-projection accumulated into x (the residual add is the GEMV's epilogue)
+  rmsnorm_quant(x, post_norm) → GEMV gate|up → silu_mul_quant → GEMV down accumulated into x
+Every per-step scalar (position, KV length, the token) lives in a device buffer, so the decode step is
+captured once as a CUDA graph and replayed (engine/cuda_runner.py). ``decode`` and ``prefill`` are chosen in
+one place: ``forward`` switches on the token count.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer_numba.config import EngineConfig, ModelConfig
+from ninfer_numba.kernels import position
+from ninfer_numba.kernels.embed import embed_gather_q8
+from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
+from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
+from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
+from ninfer_numba.kernels.gdn.chunk import gdn_prefill
+from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
+from ninfer_numba.kernels.gemm_q8 import gemm_q8
+from ninfer_numba.kernels.gemv_q8 import gemv_q8
+from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
+from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
+
+
+class SequenceState:
+    """Device memory of one sequence: KV caches, GDN conv and recurrent states, position counters."""
+
+    def __init__(self, c: ModelConfig, max_seq: int, stream) -> None:
+        self.max_seq = max_seq
+        self.k_cache, self.v_cache, self.conv, self.ssm = {}, {}, {}, {}
+        for i in range(c.n_layer):
+            if c.is_attention_layer(i):
+                # [Hkv, max_seq, d] float16: each KV head's rows contiguous for the decode kernel's reads
+                self.k_cache[i] = cuda.device_array((c.n_head_kv, max_seq, c.head_dim), np.float16, stream=stream)
+                self.v_cache[i] = cuda.device_array((c.n_head_kv, max_seq, c.head_dim), np.float16, stream=stream)
+            else:
+                self.conv[i] = cuda.device_array((c.conv_kernel - 1, c.conv_dim), np.float32, stream=stream)
+                self.ssm[i] = cuda.device_array((c.ssm_heads, c.ssm_state, c.ssm_state), np.float32, stream=stream)
+        self.pos = cuda.device_array(1, np.int32, stream=stream)        # tokens already in the caches
+        self.kv_len = cuda.device_array(1, np.int32, stream=stream)     # pos + tokens of this forward
+        self.host_pos = 0
+
+    def reset(self, stream) -> None:
+        """Zero the recurrent states and the position (KV rows beyond the position are never read)."""
+        for a in list(self.conv.values()) + list(self.ssm.values()):
+            position.fill_zero(a.reshape(-1), stream=stream)
+        position.set_position(self.pos, 0, stream=stream)
+        self.host_pos = 0
+
+
+class Buffers:
+    """Activations for up to ``t_max`` tokens per forward, allocated once (nothing allocates per step)."""
+
+    def __init__(self, c: ModelConfig, t_max: int, stream) -> None:
+        e, f = c.n_embd, c.n_ff
+        p_gdn = c.conv_dim + c.ssm_inner + 2 * c.ssm_heads
+        p_attn = 2 * c.head_dim * c.n_head + 2 * c.head_dim * c.n_head_kv
+        k_max = max(e, f, c.ssm_inner, c.head_dim * c.n_head)
+        dev = lambda shape, dt: cuda.device_array(shape, dt, stream=stream)   # noqa: E731
+        self.t_max = t_max
+        self.tokens = dev(t_max, np.int32)                      # [T] token ids of this forward
+        self.x = dev((t_max, e), np.float32)                    # [T, E] residual stream
+        self.xq = dev((t_max * k_max,), np.int8)                # [T, K] int8 activations (viewed per use)
+        self.xs = dev((t_max * k_max // 32,), np.float32)       # [T, K/32] their block scales
+        self.proj = dev((t_max * max(p_gdn, p_attn, 2 * f),), np.float32)   # [T, P] projection outputs
+        self.y = dev((t_max * max(c.ssm_inner, c.head_dim * c.n_head),), np.float32)  # [T, mixer width]
+        self.q = dev((t_max, c.n_head, c.head_dim), np.float16)             # [T, H, d] rotated queries
+        self.p_gdn, self.p_attn = p_gdn, p_attn
+
+    def act(self, t: int, k: int):
+        """int8 activations [t, k] and scales [t, k/32] as views of the shared buffers."""
+        return self.xq[: t * k].reshape(t, k), self.xs[: t * k // 32].reshape(t, k // 32)
+
+    def mat(self, buf, t: int, n: int):
+        return buf[: t * n].reshape(t, n)
+
+
+class Qwen35Gpu:
+    def __init__(self, weights: GpuWeights, engine: EngineConfig, stream) -> None:
+        self.w = weights
+        self.c = c = weights.config
+        self.engine = engine
+        self.stream = stream
+        self.buf = Buffers(c, engine.prefill_chunk, stream)
+        self.logits = cuda.device_array((engine.prefill_chunk, c.n_vocab), np.float32, stream=stream) \
+            if engine.prefill_chunk * c.n_vocab * 4 <= 2 << 30 else cuda.device_array((1, c.n_vocab), np.float32)
+        self.next_token = cuda.device_array(1, np.int32, stream=stream)
+        self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
+        self.gdn_sync = make_decode_sync_counts(c.ssm_groups, c.ssm_heads, stream=stream)
+        self.gemm_path = "auto" if engine.gemm == "auto" else engine.gemm
+
+    # -- matmuls --------------------------------------------------------------------------------------
+    def _matmul(self, m: Q8Matrix, xq, xs, out, accumulate: bool = False) -> None:
+        if xq.shape[0] == 1:
+            gemv_q8(m.wq, m.ws, xq, xs, out.reshape(-1), accumulate=accumulate, stream=self.stream)
+        else:
+            gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=self.gemm_path, stream=self.stream)
+
+    # -- one forward over the tokens already in buf.tokens[:t] ----------------------------------------
+    def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1) -> None:
+        """Run t tokens (buf.tokens[:t]) at st.pos; the last ``logits_rows`` rows' logits land in self.logits."""
+        c, b, s = self.c, self.buf, self.stream
+        position.set_kv_len(st.pos, st.kv_len, t, stream=s)
+        x = b.mat(b.x, t, c.n_embd)
+        embed_gather_q8(self.w.token_embd.wq, self.w.token_embd.ws, b.tokens[:t], x, stream=s)
+        for L in self.w.layers:
+            xq, xs = b.act(t, c.n_embd)
+            rmsnorm_quant(x, L.attn_norm, c.rms_eps, xq, xs, stream=s)
+            if L.is_attention:
+                y = self._attention(L, t, st, xq, xs)
+            else:
+                y = self._gdn(L, t, st, xq, xs)
+            yq, ys = b.act(t, y.shape[1])
+            quantize_rows(y, yq, ys, stream=s)
+            self._matmul(L.w_out, yq, ys, x, accumulate=True)
+            xq, xs = b.act(t, c.n_embd)
+            rmsnorm_quant(x, L.post_norm, c.rms_eps, xq, xs, stream=s)
+            gu = b.mat(b.proj, t, 2 * c.n_ff)
+            self._matmul(L.w_gate_up, xq, xs, gu)
+            hq, hs = b.act(t, c.n_ff)
+            silu_mul_quant(gu, hq, hs, stream=s)
+            self._matmul(L.w_down, hq, hs, x, accumulate=True)
+        r = logits_rows
+        oq, os_ = b.act(r, c.n_embd)
+        rmsnorm_quant(x[t - r:], self.w.output_norm, c.rms_eps, oq, os_, stream=s)
+        self._matmul(self.w.output, oq, os_, self.logits[:r])
+        position.advance(st.pos, t, stream=s)
+        st.host_pos += t
+
+    def _attention(self, L, t, st, xq, xs):
+        c, b, s = self.c, self.buf, self.stream
+        proj = b.mat(b.proj, t, b.p_attn)
+        self._matmul(L.w_in, xq, xs, proj)
+        q = b.q[:t]
+        qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
+                           st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base,
+                           eps=c.rms_eps, stream=s)
+        y = b.mat(b.y, t, c.n_head * c.head_dim)
+        if t == 1:
+            attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, proj, y.reshape(-1),
+                             self.attn_ws, stream=s)
+        else:
+            attention_prefill(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, proj, y, stream=s)
+        return y
+
+    def _gdn(self, L, t, st, xq, xs):
+        c, b, s = self.c, self.buf, self.stream
+        proj = b.mat(b.proj, t, b.p_gdn)
+        self._matmul(L.w_in, xq, xs, proj)
+        y = b.mat(b.y, t, c.ssm_inner)
+        args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"], L.small["ssm_norm"],
+                st.ssm[L.index])
+        if t == 1:
+            gdn_decode_step(proj.reshape(-1), *args, y.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
+                            stream=s)
+        else:
+            gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s)
+        return y
