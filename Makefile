@@ -34,9 +34,9 @@ $(VENV)/.installed: pyproject.toml
 bench: $(SETUP)
 	$(PY) -m ninfer_numba bench --models $(BENCH_MODELS) --model-dir $(MODEL_DIR) $(BENCH_ARGS)
 
-# The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness, kernels under the CUDA simulator.
+# The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness; then kernels under the CUDA simulator.
 test: $(SETUP)
-	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q -m "not gpu and not cudasim" tests && NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -m cudasim tests
 
 # Only the kernel tests, under the CUDA simulator.
 test-cudasim: $(SETUP)

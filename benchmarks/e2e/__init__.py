@@ -1,0 +1,1 @@
+"""End-to-end GPU checks: the whole GPU model against the NumPy reference model."""

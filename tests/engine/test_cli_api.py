@@ -1,0 +1,89 @@
+"""CLI and Python API smoke tests on the tiny synthetic model (CPU backend)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ninfer_numba import LLM, SamplingParams
+from ninfer_numba.cli import main
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ninfer_numba", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_make_model_and_generate(tmp_path):
+    path = tmp_path / "m.gguf"
+    r = _cli("make-model", "--shape", "tiny", "--out", str(path), "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    assert path.exists() and "make-model tiny" in r.stderr
+    r = _cli("generate", "--backend", "cpu", "--model", str(path), "--prompt", "Hello", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip()) > 0 and "8 tokens" in r.stderr
+
+
+def test_logits_cli_matches_token_by_token(tiny_model, tmp_path):
+    out = tmp_path / "l.npy"
+    assert main(["logits", "--model", tiny_model, "--tokens", "5,17,200,9419,0", "--backend", "cpu",
+                 "--out", str(out)]) == 0
+    whole = np.load(out)
+    assert whole.dtype == np.float32 and whole.shape == (5, 248320)
+    llm = LLM(tiny_model, backend="cpu")
+    llm.runner.reset()
+    rows = [llm.runner.prefill([5])] + [llm.runner.decode(t) for t in (17, 200, 9419, 0)]
+    inc = np.stack(rows)
+    assert np.abs(whole - inc).max() <= 1e-4 * np.abs(whole).max()
+
+
+def test_info(tiny_model, capsys):
+    assert main(["info", "--model", tiny_model]) == 0
+    out = capsys.readouterr().out
+    assert "3 Gated DeltaNet, 1 attention" in out and "Q8_0" in out and "chat template yes" in out
+
+
+def test_missing_model_is_a_clean_error(tmp_path, capsys):
+    assert main(["info", "--model", str(tmp_path / "missing.gguf")]) == 2
+    assert "error: model file not found" in capsys.readouterr().err
+
+
+def test_bad_tokens_argument(tiny_model, tmp_path, capsys):
+    assert main(["logits", "--model", tiny_model, "--tokens", "1,x", "--out", str(tmp_path / "o.npy"),
+                 "--backend", "cpu"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_api_generate_greedy_is_deterministic(tiny_model):
+    llm = LLM(tiny_model, backend="cpu")
+    a = llm.generate("The capital of France is", SamplingParams(max_tokens=6))
+    b = llm.generate(llm.encode("The capital of France is"), SamplingParams(max_tokens=6))
+    assert a.token_ids == b.token_ids and a.completion_tokens == 6 and a.finish_reason == "length"
+    assert a.text == llm.tokenizer.decode(a.token_ids)
+
+
+def test_api_seeded_sampling_reproducible(tiny_model):
+    llm = LLM(tiny_model, backend="cpu")
+    p = SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, top_k=50, seed=7)
+    assert llm.generate("Hi", p).token_ids == llm.generate("Hi", p).token_ids
+
+
+def test_api_errors(tiny_model, tiny_novocab):
+    llm = LLM(tiny_model, backend="cpu", max_seq=16)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        llm.generate(list(range(10)), SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="out of range"):
+        llm.logits([1, 248320])
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    nv = LLM(tiny_novocab, backend="cpu")
+    with pytest.raises(ValueError, match="no vocabulary"):
+        nv.generate("hello")
+    assert len(nv.generate([1, 2, 3], SamplingParams(max_tokens=3)).token_ids) == 3
+
+
+def test_stop_token_ends_generation(tiny_model):
+    llm = LLM(tiny_model, backend="cpu")
+    first = llm.generate("Hello", SamplingParams(max_tokens=4)).token_ids
+    r = llm.generate("Hello", SamplingParams(max_tokens=4, stop_token_ids=(first[1],)))
+    assert r.token_ids == first[:2] and r.finish_reason == "stop"
