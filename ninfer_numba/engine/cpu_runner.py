@@ -27,6 +27,9 @@ class CpuRunner:
     def decode(self, token: int) -> np.ndarray:
         return self.model.forward([token], self.state, all_logits=False)[0]
 
+    def decode_greedy(self, token: int) -> int:
+        return int(np.argmax(self.decode(token)))
+
     def all_logits(self, ids: list[int]) -> np.ndarray:
         return self.model.forward(ids, self.state, all_logits=True).astype(np.float32)
 

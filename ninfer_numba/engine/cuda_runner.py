@@ -83,6 +83,17 @@ class CudaRunner:
         self.state.host_pos += 1
         return self.model.logits[0].copy_to_host(stream=self.stream)
 
+    def decode_greedy(self, token: int) -> int:
+        """One graph replay; only the 4-byte token crosses to the host."""
+        self._check_room(1)
+        self._host_tok[0] = token
+        self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
+        self._graph.launch()
+        self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
+        self.stream.synchronize()
+        self.state.host_pos += 1
+        return int(self._host_tok[0])
+
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""
         self._check_room(len(ids))

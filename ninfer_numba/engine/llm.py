@@ -101,13 +101,15 @@ class LLM:
             return
         stops = self.stop_ids(params)
         sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids)
+        # plain greedy needs no logits on the host: the runner picks the argmax where the logits live
+        on_device = sampler.is_plain_greedy
         self.runner.reset()
         tok = sampler.pick(self.runner.prefill(ids))
         for n in range(params.max_tokens):
             yield tok
             if tok in stops or n + 1 == params.max_tokens:
                 return
-            tok = sampler.pick(self.runner.decode(tok))
+            tok = self.runner.decode_greedy(tok) if on_device else sampler.pick(self.runner.decode(tok))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
         params = params or SamplingParams()

@@ -21,6 +21,12 @@ class Sampler:
         self.seen[np.asarray(prompt_ids, dtype=np.int64)] = True
         self.rng = np.random.default_rng(params.seed)
 
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with no penalty: the choice is the argmax of the raw logits."""
+        p = self.p
+        return p.greedy and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+
     def _penalised(self, logits: np.ndarray) -> np.ndarray:
         p = self.p
         x = logits.astype(np.float32, copy=True)
