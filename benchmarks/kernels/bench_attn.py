@@ -1,0 +1,142 @@
+"""Microbenchmark of the attention kernels at the 9B / 27B shapes, timed inside replayed CUDA graphs.
+
+    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,prefill] [--out FILE]
+
+Prints one row per shape: µs per call, GB/s (bytes the kernel must move) and TFLOP/s, with the % of the
+ceiling that bounds it (4.25 TB/s copy rate for rope and decode; torch SDPA's 602 / 643 TFLOP/s at
+T = 8192 / 32768 for prefill, reference/anchors.md). Working sets under ~3× the 60 MB L2 are rotated over
+several buffer copies so the timings come from HBM. With --out, one JSON object per row is appended.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+
+from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
+from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
+from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
+from ninfer_numba.utils.timing import time_graph
+
+COPY_GBS = 4250.0
+SDPA_TFLOPS = {2048: 369.0, 8192: 602.0, 32768: 643.0}
+SHAPES = {"9b": dict(H=16, Hkv=4, d=256), "27b": dict(H=24, Hkv=4, d=256)}
+L2_BYTES = 60e6
+
+
+def _copies(nbytes: float) -> int:
+    """Buffer copies to rotate so that one graph replay streams ≥ 3× L2 from HBM (at most 8)."""
+    return max(1, min(8, math.ceil(3 * L2_BYTES / max(nbytes, 1.0))))
+
+
+def _rand(shape, dtype, rng):
+    return cuda.to_device(rng.standard_normal(shape).astype(dtype))
+
+
+def bench_rope(H, Hkv, d, rng):
+    rows = []
+    for T in (1, 512, 8192):
+        P = 2 * d * H + 2 * d * Hkv
+        # reads the q, k, v columns (not the gate), writes q f32 and k, v f16
+        nbytes = T * (H + 2 * Hkv) * d * 4 + T * H * d * 4 + 2 * T * Hkv * d * 2
+        sets = [(_rand((T, P), np.float32, rng), cuda.device_array((T, H, d), np.float32),
+                 cuda.device_array((Hkv, T, d), np.float16), cuda.device_array((Hkv, T, d), np.float16))
+                for _ in range(_copies(nbytes))]
+        w = _rand(d, np.float32, rng)
+        pos0 = cuda.to_device(np.zeros(1, np.int32))
+        state = {"i": 0}
+
+        def launch(stream):
+            proj, q, kc, vc = sets[state["i"] % len(sets)]
+            state["i"] += 1
+            qk_norm_rope_store(proj, w, w, pos0, q, kc, vc, H=H, Hkv=Hkv, n_rot=64, base=1e7, eps=1e-6,
+                               stream=stream)
+
+        ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
+        rows.append(dict(kernel="qk_norm_rope_store", T=T, us=ms * 1e3, GBs=nbytes / ms / 1e6,
+                         pct=100 * nbytes / ms / 1e6 / COPY_GBS, ceiling="copy 4.25 TB/s"))
+    return rows
+
+
+def bench_decode(H, Hkv, d, rng):
+    rows = []
+    ws = alloc_decode_workspace(H, d)
+    for L in (1, 799, 8192, 32768):
+        nbytes = Hkv * L * d * 2 * 2                        # K and V, f16, read once per step
+        sets = [(_rand((Hkv, L, d), np.float16, rng), _rand((Hkv, L, d), np.float16, rng))
+                for _ in range(_copies(nbytes))]
+        q = _rand((1, H, d), np.float32, rng)
+        proj = _rand((1, 2 * d * H + 2 * d * Hkv), np.float32, rng)
+        out = cuda.device_array(H * d, np.float32)
+        kv_len = cuda.to_device(np.array([L], np.int32))
+        state = {"i": 0}
+
+        def launch(stream):
+            kc, vc = sets[state["i"] % len(sets)]
+            state["i"] += 1
+            attention_decode(q, kc, vc, kv_len, proj, out, ws, stream=stream)
+
+        ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
+        flops = 4.0 * H * L * d
+        rows.append(dict(kernel="attention_decode", L=L, us=ms * 1e3, GBs=nbytes / ms / 1e6,
+                         TFLOPs=flops / ms / 1e9, pct=100 * nbytes / ms / 1e6 / COPY_GBS,
+                         ceiling="copy 4.25 TB/s", n_splits=ws.n_splits))
+    return rows
+
+
+def bench_prefill(H, Hkv, d, rng, lengths):
+    rows = []
+    for T in lengths:
+        q = _rand((T, H, d), np.float32, rng)
+        kc, vc = _rand((Hkv, T, d), np.float16, rng), _rand((Hkv, T, d), np.float16, rng)
+        proj = _rand((T, 2 * d * H + 2 * d * Hkv), np.float32, rng)
+        out = cuda.device_array((T, H * d), np.float32)
+        pos0 = cuda.to_device(np.zeros(1, np.int32))
+        flops = 4.0 * H * T * T * d / 2                     # causal half, as torch SDPA is counted
+        n_inner = max(1, min(10, int(2e12 / flops)))
+        ms = time_graph(lambda s: attention_prefill(q, kc, vc, pos0, proj, out, stream=s),
+                        n_inner=n_inner, reps=3 if flops > 1e12 else 10).median_ms
+        tf = flops / ms / 1e9
+        ref = SDPA_TFLOPS.get(T)
+        rows.append(dict(kernel="attention_prefill", T=T, us=ms * 1e3, TFLOPs=tf,
+                         pct=100 * tf / ref if ref else float("nan"),
+                         ceiling=f"SDPA {ref:.0f} TFLOP/s" if ref else "-"))
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(SHAPES), default="9b")
+    ap.add_argument("--only", default="rope,decode,prefill")
+    ap.add_argument("--prefill-lengths", default="512,2048,8192,32768")
+    ap.add_argument("--out", help="append JSON lines here")
+    args = ap.parse_args(argv)
+    shape = SHAPES[args.model]
+    rng = np.random.default_rng(0)
+    parts = set(args.only.split(","))
+    rows = []
+    if "rope" in parts:
+        rows += bench_rope(**shape, rng=rng)
+    if "decode" in parts:
+        rows += bench_decode(**shape, rng=rng)
+    if "prefill" in parts:
+        rows += bench_prefill(**shape, rng=rng, lengths=[int(x) for x in args.prefill_lengths.split(",")])
+    gpu = cuda.get_current_device().name
+    gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
+    print(f"# {gpu}  model {args.model} {shape}")
+    print(f"{'kernel':20s} {'shape':>9s} {'µs':>10s} {'GB/s':>8s} {'TFLOP/s':>8s} {'%ceil':>6s}  ceiling")
+    for r in rows:
+        size = f"T={r['T']}" if "T" in r else f"L={r['L']}"
+        print(f"{r['kernel']:20s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
+              f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}")
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(dict(r, model=args.model, gpu=gpu, **shape)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""QK-norm + partial NEOX RoPE + KV-cache store: the first kernel of the attention layer.
+
+One block per (token, head slot). Head slots [0, H) are query heads, [H, H+Hkv) key heads and
+[H+Hkv, H+2·Hkv) value heads. Query and key heads are RMS-normalised with their shared weight and rotated
+on their first n_rot dims at position pos0 + t; value heads are copied. Queries go to ``q_out``, keys and
+values into the f16 caches at row pos0 + t. The output gate stays in ``proj`` for the attention epilogue.
+
+θ, cos and sin are computed in float64: in float32, θ = pos·inv_freq at pos ~ 2^15 is off by ~1e-3 rad,
+which would show as a 1e-3 relative error in q·k. The cost is n_rot/2 double sincos per head per token.
+
+KV cache layout: [Hkv, max_seq, d] float16, so one KV head's keys are contiguous for decode and prefill.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from ninfer_numba.kernels.numba_env import cuda
+
+NORM_TPB = 64          # threads per block; a head of d = 256 gives 4 elements per thread
+MAX_D = 512            # largest head dim held in shared memory
+
+
+@lru_cache(maxsize=None)
+def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int):
+    """Kernel specialised on the head counts and dims (compile-time constants: loops unroll)."""
+    HALF = n_rot // 2
+    NQG = 2 * D * H                                # proj columns of the interleaved q|gate blocks
+    PER_THREAD = (D + NORM_TPB - 1) // NORM_TPB
+
+    @cuda.jit
+    def kernel(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, neg2_log_base_over_rot, eps):
+        t = cuda.blockIdx.x
+        slot = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        s_x = cuda.shared.array(MAX_D, np.float32)            # [D] normalised head, read by RoPE partners
+        s_red = cuda.shared.array(NORM_TPB, np.float32)       # [TPB] partial sums of squares
+        pos = pos0_buf[0] + t
+        max_seq = k_cache.shape[1]
+        if slot >= H + Hkv:                                    # value head: plain f32 -> f16 copy
+            kh = slot - H - Hkv
+            if pos < max_seq:
+                for c in range(PER_THREAD):
+                    i = tid + c * NORM_TPB
+                    if i < D:
+                        v_cache[kh, pos, i] = proj[t, NQG + D * Hkv + kh * D + i]
+            return
+        if slot < H:
+            col0 = 2 * D * slot                                # query block of head `slot`
+        else:
+            col0 = NQG + (slot - H) * D
+        acc = np.float32(0.0)
+        for c in range(PER_THREAD):
+            i = tid + c * NORM_TPB
+            if i < D:
+                x = proj[t, col0 + i]
+                s_x[i] = x
+                acc += x * x
+        s_red[tid] = acc
+        cuda.syncthreads()
+        step = NORM_TPB // 2
+        while step > 0:                                        # tree reduction, NORM_TPB is a power of 2
+            if tid < step:
+                s_red[tid] += s_red[tid + step]
+            cuda.syncthreads()
+            step //= 2
+        scale = np.float32(1.0) / math.sqrt(s_red[0] / np.float32(D) + eps)
+        for c in range(PER_THREAD):
+            i = tid + c * NORM_TPB
+            if i < D:
+                w = q_norm_w[i] if slot < H else k_norm_w[i]
+                s_x[i] = s_x[i] * scale * w
+        cuda.syncthreads()                                     # RoPE reads the partner element
+        for c in range(PER_THREAD):
+            i = tid + c * NORM_TPB
+            if i < D:
+                y = s_x[i]
+                if i < n_rot:
+                    pair = i if i < HALF else i - HALF
+                    theta = float(pos) * math.exp(float(pair) * neg2_log_base_over_rot)
+                    cs = math.cos(theta)
+                    sn = math.sin(theta)
+                    if i < HALF:
+                        y = np.float32(float(y) * cs - float(s_x[i + HALF]) * sn)
+                    else:
+                        y = np.float32(float(s_x[i - HALF]) * sn + float(y) * cs)
+                if slot < H:
+                    q_out[t, slot, i] = y
+                elif pos < max_seq:
+                    k_cache[slot - H, pos, i] = y
+
+    return kernel
+
+
+def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, *, H: int, Hkv: int,
+                       n_rot: int, base: float, eps: float, stream=0) -> None:
+    """QK-norm + RoPE for T new tokens, queries to q_out, keys and values into the caches.
+
+    proj:     [T, 2·d·H + 2·d·Hkv] float32, columns q_0|g_0|...|q_{H-1}|g_{H-1}|k|v (ref.py docstring)
+    q_norm_w: [d] float32; k_norm_w: [d] float32
+    pos0_buf: [1] int32 device array, position of row 0 (read on the device: graph-replay safe)
+    q_out:    [T, H, d] float32 or float16 (written)
+    k_cache:  [Hkv, max_seq, d] float16, rows pos0..pos0+T-1 written; v_cache likewise
+    Rows whose position is ≥ max_seq are not stored (the caller validates the context length).
+    """
+    T = proj.shape[0]
+    D = q_out.shape[2]
+    if T == 0:
+        return
+    if D > MAX_D or n_rot > D or n_rot % 2:
+        raise ValueError(f"unsupported head dim {D} / n_rot {n_rot} (need even n_rot <= d <= {MAX_D})")
+    kernel = _norm_rope_kernel(H, Hkv, D, n_rot)
+    neg2_log_base_over_rot = -2.0 * math.log(base) / n_rot     # inv_freq(i) = exp(i · this)
+    kernel[(T, H + 2 * Hkv), NORM_TPB, stream](proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache,
+                                               neg2_log_base_over_rot, np.float32(eps))

@@ -1,0 +1,203 @@
+"""Chat request -> prompt text, and the output parser that matches it (Qwen3.5/3.6 format, serving.md §3).
+
+Messages are normalised before the GGUF's chat template sees them: text parts joined, `developer` mapped to
+`system`, JSON-string tool-call arguments decoded (the template iterates them as a mapping). Thinking is on
+unless the request turns it off (chat_template_kwargs.enable_thinking, top-level enable_thinking,
+reasoning_effort "none") or the last user message ends with the `/no_think` switch, which the Qwen3.5/3.6
+templates do not implement themselves and which is stripped here.
+
+tool_choice "none" leaves the tools out of the prompt; "required" and a named function start the assistant
+turn with the call header, rendered with thinking off so that the call is the first thing the turn holds.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jinja2
+
+from ninfer_numba.server.output_parser import CALL_OPEN, ChatOutputParser
+from ninfer_numba.server.protocol import APIError, ChatCompletionRequest, ChatMessage
+
+NO_THINK_SWITCHES = ("/no_think", "/nothink")
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+_IMAGE_PARTS = {"image_url", "input_image", "image"}
+# Arguments the server passes to the template itself; a chat_template_kwargs entry cannot override them.
+_RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "enable_thinking"}
+_TEMPLATE_ERRORS = (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError)
+
+
+@dataclass
+class ChatPrompt:
+    text: str
+    thinking: bool                                   # the prompt ends inside an open <think> block
+    tools: dict[str, dict[str, Any]] | None = None   # function name -> OpenAI function object; None: not parsed
+    start_in_call: bool = False
+    forced_function: str | None = None
+
+    def parser(self) -> ChatOutputParser:
+        return ChatOutputParser(start_in_reasoning=self.thinking, tools=self.tools,
+                                start_in_call=self.start_in_call, forced_function=self.forced_function)
+
+
+def default_renderer() -> Callable[..., str]:
+    from ninfer_numba.formats.chat_template import render_chat
+    return render_chat
+
+
+def _content_text(content: str | list[dict[str, Any]] | None, param: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind in _IMAGE_PARTS:
+            raise APIError(400, "this model has no vision projector: image content is not supported",
+                           param=f"{param}[{j}]", code="image_not_supported")
+        if kind in ("text", "input_text", "refusal"):
+            text = part.get("text", part.get("refusal"))
+            if not isinstance(text, str):
+                raise APIError(400, f"content part of type {kind!r} needs a string 'text'", param=f"{param}[{j}]")
+            texts.append(text)
+        else:
+            raise APIError(400, f"content part type {kind!r} is not supported (only text)", param=f"{param}[{j}]")
+    return "".join(texts)
+
+
+def _tool_calls(msg: ChatMessage, i: int) -> list[dict[str, Any]]:
+    calls = []
+    for j, call in enumerate(msg.tool_calls or []):
+        args = call.function.arguments
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise APIError(400, "tool call arguments must be a JSON object",
+                               param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
+        if not isinstance(args, dict):
+            raise APIError(400, "tool call arguments must be a JSON object",
+                           param=f"messages[{i}].tool_calls[{j}].function.arguments")
+        calls.append({"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": args}})
+    return calls
+
+
+def normalize_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages -> plain dicts the template can render (see the module docstring)."""
+    if not messages:
+        raise APIError(400, "messages must contain at least one message", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if msg.role not in _ROLES:
+            raise APIError(400, f"unknown role {msg.role!r}; expected one of {sorted(_ROLES)}",
+                           param=f"messages[{i}].role")
+        content = _content_text(msg.content, f"messages[{i}].content")
+        entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role}
+        if msg.role == "assistant":
+            entry["content"] = content or ""
+            if msg.tool_calls:
+                entry["tool_calls"] = _tool_calls(msg, i)
+            if msg.reasoning_content is not None:
+                entry["reasoning_content"] = msg.reasoning_content
+        else:
+            if content is None:
+                raise APIError(400, f"a {msg.role} message needs content", param=f"messages[{i}].content")
+            entry["content"] = content
+            if msg.role == "tool" and msg.tool_call_id is not None:
+                entry["tool_call_id"] = msg.tool_call_id
+        if msg.name is not None:
+            entry["name"] = msg.name
+        out.append(entry)
+    if not any(m["role"] == "user" for m in out):
+        raise APIError(400, "messages must contain a user message", param="messages")
+    return out
+
+
+def strip_no_think(messages: list[dict[str, Any]]) -> bool:
+    """Removes a trailing /no_think (or /nothink) from the last user message; True if one was there."""
+    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    if last_user is None:
+        return False
+    text = last_user["content"].rstrip()
+    for switch in NO_THINK_SWITCHES:
+        if text.endswith(switch):
+            last_user["content"] = text[:-len(switch)].rstrip()
+            return True
+    return False
+
+
+def thinking_enabled(req: ChatCompletionRequest, no_think_switch: bool) -> bool:
+    kwargs = req.chat_template_kwargs or {}
+    off = (kwargs.get("enable_thinking") is False or req.enable_thinking is False
+           or (req.reasoning_effort or "").lower() == "none" or no_think_switch)
+    return not off
+
+
+def _validate_tools(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:
+    by_name: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(req.tools or []):
+        fn = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise APIError(400, "only tools of type 'function' with a 'function' object are supported",
+                           param=f"tools[{i}]")
+        name = fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise APIError(400, "a function name must be 1-64 characters of a-z, A-Z, 0-9, _ and -",
+                           param=f"tools[{i}].function.name")
+        if fn.get("parameters") is not None and not isinstance(fn.get("parameters"), dict):
+            raise APIError(400, "function parameters must be a JSON Schema object",
+                           param=f"tools[{i}].function.parameters")
+        by_name[name] = fn
+    return by_name
+
+
+def _tool_choice(req: ChatCompletionRequest, tools: dict[str, dict[str, Any]]) -> tuple[str, str | None]:
+    """('none' | 'auto' | 'required' | 'function', forced function name)."""
+    choice = req.tool_choice
+    if choice is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise APIError(400, f"tool_choice must be none, auto, required or a function, not {choice!r}",
+                           param="tool_choice")
+        if choice == "required" and not tools:
+            raise APIError(400, "tool_choice 'required' needs tools", param="tool_choice")
+        return (choice if tools else "none"), None
+    fn = choice.get("function") if choice.get("type", "function") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise APIError(400, "tool_choice must name a function: {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                       param="tool_choice")
+    if name not in tools:
+        raise APIError(400, f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
+    return "function", name
+
+
+def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
+                      render: Callable[..., str] | None = None) -> ChatPrompt:
+    messages = normalize_messages(req.messages)
+    tools = _validate_tools(req)
+    choice, forced = _tool_choice(req, tools)
+    thinking = thinking_enabled(req, strip_no_think(messages)) and choice in ("none", "auto")
+    kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    prompt_tools = list(req.tools) if tools and choice != "none" else None
+    render = render or default_renderer()
+    try:
+        text = render(messages, tools=prompt_tools, add_generation_prompt=True, enable_thinking=thinking,
+                      template=chat_template, **kwargs)
+    except _TEMPLATE_ERRORS as exc:   # includes the template's raise_exception(...)
+        raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
+    if choice == "required":
+        text += CALL_OPEN + "\n"
+    elif choice == "function":
+        text += f"{CALL_OPEN}\n<function={forced}>\n"
+    return ChatPrompt(text=text, thinking=prompt_ends_in_think(text), tools=tools if choice != "none" else None,
+                      start_in_call=choice == "required", forced_function=forced)
+
+
+def prompt_ends_in_think(prompt: str) -> bool:
+    """True when the last assistant turn of the prompt has an open <think> block (the template opened it)."""
+    turn = prompt[prompt.rfind("<|im_start|>assistant"):] if "<|im_start|>assistant" in prompt else prompt
+    return turn.rfind("<think>") > turn.rfind("</think>")

@@ -1,0 +1,162 @@
+"""POST /v1/chat/completions and POST /v1/completions: validate, build the prompt, queue, answer.
+
+Everything that can be wrong with a request is found before the job is queued and answered with a 400/404;
+once queued, an engine failure becomes an SSE error event (streaming) or a 500 that the OpenAI SDK is told
+not to retry (non-streaming). A client that goes away cancels its job.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ninfer_numba.server.chat import build_chat_prompt
+from ninfer_numba.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, parse_request,
+                                          reject_unsupported, resolve_max_tokens, sampling_params, stop_strings)
+from ninfer_numba.server.responses import ChatAccumulator, ResponseHeader, chat_deltas, sse, text_delta, usage
+from ninfer_numba.server.worker import Failed, Finished, Job, PlainTextParser
+
+DISCONNECT_POLL_S = 0.25   # how often a waiting non-streaming handler checks that its client is still there
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _max_tokens(req, n_prompt: int, max_seq: int) -> int:
+    requested, param = req.max_tokens, "max_tokens"
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        requested, param = req.max_completion_tokens, "max_completion_tokens"
+    return resolve_max_tokens(requested, n_prompt, max_seq, param)
+
+
+def _completion_prompt_ids(req: CompletionRequest, tokenizer, n_vocab: int) -> list[int]:
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, "only one prompt per request is supported", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, parse_special=True)
+    bad = [t for t in prompt if not 0 <= t < n_vocab]
+    if bad:
+        raise APIError(400, f"token ids out of range [0, {n_vocab}): {bad[:5]}", param="prompt")
+    return list(prompt)
+
+
+async def chat_completions(request: Request, server) -> Any:
+    req = parse_request(ChatCompletionRequest, await server.read_json(request))
+    server.check_model(req.model)
+    reject_unsupported(req)
+    tokenizer = server.require_tokenizer()
+    prompt = build_chat_prompt(req, server.llm.chat_template)
+    ids = tokenizer.encode(prompt.text, parse_special=True)
+    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq))
+    job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop())
+    header = server.header("chat", req)
+    server.worker.submit(job)
+    if req.stream:
+        return StreamingResponse(_stream_chat(job, header), media_type="text/event-stream", headers=_SSE_HEADERS)
+    acc = ChatAccumulator()
+    done = await _collect(job, request, acc.add)
+    message = acc.message()
+    return JSONResponse(header.body({"index": 0, "message": message, "logprobs": None,
+                                     "finish_reason": done.reason}, done))
+
+
+async def completions(request: Request, server) -> Any:
+    req = parse_request(CompletionRequest, await server.read_json(request))
+    server.check_model(req.model)
+    reject_unsupported(req)
+    tokenizer = server.require_tokenizer()
+    ids = _completion_prompt_ids(req, tokenizer, server.llm.config.n_vocab)
+    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq))
+    job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop())
+    header = server.header("text", req)
+    echo = tokenizer.decode(ids) if req.echo else ""
+    server.worker.submit(job)
+    if req.stream:
+        return StreamingResponse(_stream_text(job, header, echo), media_type="text/event-stream",
+                                 headers=_SSE_HEADERS)
+    pieces = [echo]
+    done = await _collect(job, request, lambda events: pieces.append(text_delta(events)))
+    return JSONResponse(header.body({"index": 0, "text": "".join(pieces), "logprobs": None,
+                                     "finish_reason": done.reason}, done))
+
+
+async def _collect(job: Job, request: Request, sink) -> Finished:
+    """Waits for a non-streaming job, feeding event batches to `sink`; cancels it if the client leaves."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + DISCONNECT_POLL_S
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(job.events.get(), max(next_check - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                item = None
+            if loop.time() >= next_check:   # checked on a clock: a busy job never leaves the queue empty
+                if await request.is_disconnected():
+                    job.cancel()
+                    raise APIError(400, "the client disconnected", code="client_disconnected")
+                next_check = loop.time() + DISCONNECT_POLL_S
+            if item is None:
+                continue
+            if isinstance(item, Finished):
+                return item
+            if isinstance(item, Failed):
+                raise APIError(500, item.message, type="server_error")
+            sink(item)
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+
+
+def _error_event(message: str) -> str:
+    return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+
+
+async def _stream_chat(job: Job, header: ResponseHeader) -> AsyncIterator[str]:
+    def choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    try:
+        yield sse(header.chunk([choice({"role": "assistant", "content": None})]))
+        while True:
+            item = await job.events.get()
+            if isinstance(item, Finished):
+                yield sse(header.chunk([choice({}, item.reason)]))
+                if header.include_usage:
+                    yield sse(header.chunk([], usage(item)))
+                break
+            if isinstance(item, Failed):
+                yield _error_event(item.message)
+                break
+            for delta in chat_deltas(item):
+                yield sse(header.chunk([choice(delta)]))
+        yield sse("[DONE]")
+    finally:
+        job.cancel()   # no-op once finished; stops the generation when the client went away
+
+
+async def _stream_text(job: Job, header: ResponseHeader, echo: str) -> AsyncIterator[str]:
+    def choice(text: str, finish: str | None = None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    try:
+        if echo:
+            yield sse(header.chunk([choice(echo)]))
+        while True:
+            item = await job.events.get()
+            if isinstance(item, Finished):
+                yield sse(header.chunk([choice("", item.reason)]))
+                if header.include_usage:
+                    yield sse(header.chunk([], usage(item)))
+                break
+            if isinstance(item, Failed):
+                yield _error_event(item.message)
+                break
+            text = text_delta(item)
+            if text:
+                yield sse(header.chunk([choice(text)]))
+        yield sse("[DONE]")
+    finally:
+        job.cancel()

@@ -1,0 +1,210 @@
+"""OpenAI request models, the error type every handler raises, and request -> SamplingParams conversion.
+
+Unknown fields are ignored (clients send cloud-only fields such as `user`, `store`, `metadata`); fields this engine
+cannot honour (n > 1, logprobs, logit_bias, constrained decoding) are rejected with a 400 rather than ignored.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ninfer_numba.config import SamplingParams
+
+MAX_STOP_STRINGS = 16
+_UNION_MEMBER_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ToolCallFunction(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Lenient):
+    id: str | None = None
+    type: str = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class _SamplingFields(_Lenient):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: str | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TokenizeRequest(_Lenient):
+    content: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Lenient):
+    tokens: list[int] = Field(default_factory=list)
+
+
+def parse_request(model_cls: type[BaseModel], body: Any) -> Any:
+    """Validates a decoded JSON body strictly (no "10" for 10, no "yes" for true); errors are 400s naming the
+    first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    extra = body.get("extra_body")
+    if isinstance(extra, dict):  # some clients send the SDK's extra_body literally
+        body = {**extra, **{k: v for k, v in body.items() if k != "extra_body"}}
+    try:
+        return model_cls.model_validate(body, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _loc_to_param(first.get("loc", ()))
+        raise APIError(400, f"invalid value for '{param}': {first.get('msg', 'invalid')}", param=param) from None
+
+
+def _loc_to_param(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not out:
+            out = str(part)
+        elif part in _UNION_MEMBER_TAGS or "[" in str(part):
+            continue  # pydantic names the union member that failed; that says nothing to a client
+        else:
+            out += f".{part}"
+    return out or "body"
+
+
+def reject_unsupported(req: _SamplingFields) -> None:
+    """400 for fields that change semantics and that this engine cannot honour."""
+    if req.n is not None and req.n != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    if isinstance(req, ChatCompletionRequest):
+        if req.logprobs or req.top_logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        fmt = (req.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise APIError(400, f"response_format {fmt!r} needs constrained decoding, which is not supported; "
+                                "use type 'text'", param="response_format")
+    if isinstance(req, CompletionRequest):
+        if req.logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if req.suffix:
+            raise APIError(400, "suffix (fill-in-the-middle) is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != 1:
+            raise APIError(400, "only best_of=1 is supported", param="best_of")
+
+
+def stop_strings(req: _SamplingFields) -> list[str]:
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings are supported", param="stop")
+    return [s for s in stops if s]
+
+
+def resolve_max_tokens(requested: int | None, n_prompt: int, max_seq: int, param: str) -> int:
+    """Prompt + generated tokens must fit the context; without a limit the rest of the context is the limit."""
+    if n_prompt < 1:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if n_prompt >= max_seq:
+        raise APIError(400, f"the prompt has {n_prompt} tokens; the context holds {max_seq} "
+                            "(prompt and completion together)", param="messages", code="context_length_exceeded")
+    room = max_seq - n_prompt
+    if requested is None:
+        return room
+    if requested < 1:
+        raise APIError(400, f"{param} must be at least 1, got {requested}", param=param)
+    if requested > room:
+        raise APIError(400, f"{param}={requested} plus the prompt's {n_prompt} tokens exceeds the context of "
+                            f"{max_seq} tokens; ask for at most {room}", param=param, code="context_length_exceeded")
+    return requested
+
+
+def sampling_params(req: _SamplingFields, max_tokens: int) -> SamplingParams:
+    """OpenAI defaults (temperature 1, top_p 1) where the request is silent; ranges as in OpenAI's API."""
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not 0.0 <= temperature <= 2.0:
+        raise APIError(400, f"temperature must be in [0, 2], got {temperature}", param="temperature")
+    fields = dict(max_tokens=max_tokens, temperature=temperature, seed=req.seed)
+    for name in ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            fields[name] = value
+    if fields.get("top_k") == -1:   # vLLM's spelling of "off"
+        fields["top_k"] = 0
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        param = str(exc).split(" ", 1)[0]
+        raise APIError(400, str(exc), param=param if param in fields else None) from None

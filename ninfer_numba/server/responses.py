@@ -1,0 +1,106 @@
+"""Worker events -> OpenAI response bodies and SSE chunks (serving.md §1.4-1.6).
+
+Streaming turns each batch of parser events into chunk deltas; non-streaming feeds the same events to an
+accumulator, so the streamed pieces concatenate to the non-streamed message.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from ninfer_numba.server.output_parser import REASONING, TextDelta, ToolCallArgs, ToolCallStart
+from ninfer_numba.server.worker import Finished
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def usage(done: Finished) -> dict[str, Any]:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens}}
+
+
+class ResponseHeader:
+    """The fields every chunk of one response shares."""
+
+    def __init__(self, kind: str, model: str, fingerprint: str, include_usage: bool):
+        self.kind = kind                       # "chat" | "text"
+        self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = int(time.time())
+        self.model = model
+        self.fingerprint = fingerprint
+        self.include_usage = include_usage
+
+    def chunk(self, choices: list[dict[str, Any]], usage_body: dict[str, Any] | None = None) -> dict[str, Any]:
+        out = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+               "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
+               "choices": choices}
+        if self.include_usage:
+            out["usage"] = usage_body
+        return out
+
+    def body(self, choice: dict[str, Any], done: Finished) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
+                "choices": [choice], "usage": usage(done)}
+
+
+def chat_deltas(events: list[Any]) -> list[dict[str, Any]]:
+    """Delta objects for one batch of parser events; adjacent text of one channel is merged."""
+    deltas: list[dict[str, Any]] = []
+    for ev in events:
+        if isinstance(ev, TextDelta):
+            key = "reasoning_content" if ev.channel == REASONING else "content"
+            if deltas and list(deltas[-1]) == [key]:
+                deltas[-1][key] += ev.text
+            else:
+                deltas.append({key: ev.text})
+        elif isinstance(ev, ToolCallStart):
+            deltas.append({"tool_calls": [{"index": ev.index, "id": ev.call_id, "type": "function",
+                                           "function": {"name": ev.name, "arguments": ""}}]})
+        elif isinstance(ev, ToolCallArgs):
+            deltas.append({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]})
+    return deltas
+
+
+def text_delta(events: list[Any]) -> str:
+    return "".join(ev.text for ev in events if isinstance(ev, TextDelta))
+
+
+class ChatAccumulator:
+    """Joins parser events into the non-streaming assistant message."""
+
+    def __init__(self):
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+
+    def add(self, events: list[Any]) -> None:
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                (self.reasoning if ev.channel == REASONING else self.content).append(ev.text)
+            elif isinstance(ev, ToolCallStart):
+                self.calls.append({"id": ev.call_id, "type": "function",
+                                   "function": {"name": ev.name, "arguments": ""}})
+            elif isinstance(ev, ToolCallArgs):
+                self.calls[ev.index]["function"]["arguments"] += ev.fragment
+
+    def message(self) -> dict[str, Any]:
+        content = "".join(self.content)
+        msg: dict[str, Any] = {"role": "assistant", "content": content if content or not self.calls else None,
+                               "refusal": None}
+        if self.reasoning:
+            msg["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            msg["tool_calls"] = self.calls
+        return msg

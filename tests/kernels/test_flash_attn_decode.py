@@ -1,0 +1,77 @@
+"""attention_decode (split-K over the f16 cache, gate fused) against the float64 NumPy reference.
+
+The reference reads the same f16 cache values (converted exactly to float64) and the same query, so the
+only difference is the kernel's float32 arithmetic: length-d dot products, exp, and sums over ≤ kv_len
+terms. Tolerance: |Δ| ≤ atol + rtol·|ref| with rtol = 8·d·2^-24 (worst-case relative error of a length-d
+float32 dot product, ×8 for the exp / rescale / combine chain) and atol = rtol·max|v|.
+Cache rows at and past kv_len hold NaN, so reading any of them fails the test; the output starts as NaN.
+"""
+import numpy as np
+import pytest
+
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
+from ninfer_numba.kernels.flash_attn.ref import attention_ref, gate_ref
+
+U32 = 2.0 ** -24
+needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
+                                      reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU")
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
+
+
+def _check_decode(H, Hkv, d, kv_len, n_splits, q_dtype=np.float32, seed=0, max_seq=None):
+    rng = np.random.default_rng(seed)
+    max_seq = max_seq or kv_len + 5
+    q = rng.standard_normal((1, H, d)).astype(q_dtype)
+    k_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
+    v_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
+    k_cache[:, :kv_len] = rng.standard_normal((Hkv, kv_len, d))
+    v_cache[:, :kv_len] = rng.standard_normal((Hkv, kv_len, d))
+    proj = rng.standard_normal((1, 2 * d * H + 2 * d * Hkv)).astype(np.float32)
+    d_out = cuda.to_device(np.full(H * d, np.nan, np.float32))
+    ws = alloc_decode_workspace(H, d, n_splits)
+    attention_decode(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
+                     cuda.to_device(np.array([kv_len], np.int32)), cuda.to_device(proj), d_out, ws)
+    out = d_out.copy_to_host()
+
+    k = k_cache[:, :kv_len].transpose(1, 0, 2).astype(np.float32)      # [L, Hkv, d]
+    v = v_cache[:, :kv_len].transpose(1, 0, 2).astype(np.float32)
+    o = attention_ref(q.astype(np.float32), k, v, np.array([kv_len - 1]))
+    gate = proj[:, :2 * d * H].reshape(1, H, 2, d)[:, :, 1]
+    ref = gate_ref(o, gate)[0].astype(np.float64)
+    rtol = 8 * d * U32
+    atol = rtol * np.abs(v).max()
+    err = np.abs(out - ref)
+    assert np.all(err <= atol + rtol * np.abs(ref)), f"max|Δ| {err.max():.3e} (atol {atol:.1e})"
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("H,Hkv,d,kv_len,n_splits", [
+    (4, 1, 32, 1, 4), (4, 2, 48, 3, 4), (4, 1, 48, 40, 3), (4, 2, 32, 77, 4), (2, 2, 48, 77, 2),
+    (6, 1, 32, 33, 8), (4, 1, 32, 77, 1)],
+    ids=["L1-H4-HKV1-D32", "L3-H4-HKV2-D48", "L40-H4-HKV1-D48", "L77-H4-HKV2-D32-3splits",
+         "L77-H2-HKV2-D48-2splits", "L33-H6-HKV1-D32", "L77-H4-HKV1-D32-1split-3tiles"])
+def test_decode_tiny(H, Hkv, d, kv_len, n_splits):
+    _check_decode(H, Hkv, d, kv_len, n_splits)
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_decode_tiny_f16_query():
+    _check_decode(4, 2, 48, 9, 2, q_dtype=np.float16)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("kv_len", [1, 3, 799, 8192, 32768])
+@pytest.mark.parametrize("H", [16, 24], ids=["9B", "27B"])
+def test_decode_full(H, kv_len):
+    _check_decode(H, 4, 256, kv_len, 128)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_decode_few_splits_long_cache():
+    """Few splits over a long cache: many tiles per block exercise the running rescale."""
+    _check_decode(16, 4, 256, 5000, 3)

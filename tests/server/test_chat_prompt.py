@@ -1,0 +1,104 @@
+"""Chat request -> prompt: thinking switches, /no_think, tool_choice, message normalisation, bad messages."""
+from __future__ import annotations
+
+import pytest
+
+from ninfer_numba.server.chat import build_chat_prompt, prompt_ends_in_think
+from ninfer_numba.server.protocol import APIError, ChatCompletionRequest
+
+THINK_OPEN_TAIL = "<|im_start|>assistant\n<think>\n"
+THINK_OFF_TAIL = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                                 "parameters": {"type": "object",
+                                                                "properties": {"city": {"type": "string"}}}}}
+
+
+def prompt(**body):
+    body.setdefault("messages", [{"role": "user", "content": "Hi"}])
+    return build_chat_prompt(ChatCompletionRequest.model_validate(body), None)
+
+
+def test_thinking_is_on_by_default():
+    p = prompt()
+    assert p.text.endswith(THINK_OPEN_TAIL) and p.thinking
+
+
+@pytest.mark.parametrize("body", [
+    {"chat_template_kwargs": {"enable_thinking": False}},
+    {"enable_thinking": False},
+    {"reasoning_effort": "none"},
+    {"messages": [{"role": "user", "content": "Hi /no_think"}]},
+    {"messages": [{"role": "user", "content": "Hi\n/nothink  "}]},
+], ids=["template-kwargs", "top-level", "reasoning-effort", "no_think", "nothink"])
+def test_thinking_switched_off(body):
+    p = prompt(**body)
+    assert p.text.endswith(THINK_OFF_TAIL) and not p.thinking
+    assert "no_think" not in p.text and "nothink" not in p.text
+    assert "<|im_start|>user\nHi<|im_end|>" in p.text
+
+
+def test_no_think_only_counts_at_the_end_of_the_last_user_message():
+    p = prompt(messages=[{"role": "user", "content": "Hi /no_think"}, {"role": "assistant", "content": "Hello"},
+                         {"role": "user", "content": "what does /no_think do?"}])
+    assert p.thinking and "what does /no_think do?" in p.text
+
+
+def test_roles_content_parts_and_json_string_arguments():
+    p = prompt(messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": '{"city": "Paris", "days": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}],
+        tools=[WEATHER_TOOL])
+    assert "Be brief.<|im_end|>" in p.text and "# Tools" in p.text
+    assert "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>" in p.text
+    assert '<tool_response>\n{"temp": 21}\n</tool_response>' in p.text
+    assert p.tools == {"get_weather": WEATHER_TOOL["function"]}
+
+
+def test_tool_choice_none_leaves_tools_out():
+    p = prompt(tools=[WEATHER_TOOL], tool_choice="none")
+    assert "# Tools" not in p.text and p.tools is None
+
+
+def test_tool_choice_required_and_named_start_the_call():
+    req = prompt(tools=[WEATHER_TOOL], tool_choice="required")
+    assert req.text.endswith(THINK_OFF_TAIL + "<tool_call>\n") and req.start_in_call
+    named = prompt(tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.text.endswith(THINK_OFF_TAIL + "<tool_call>\n<function=get_weather>\n")
+    assert named.forced_function == "get_weather"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "system", "content": "only a system prompt"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "late"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+], ids=["empty", "role", "image", "audio", "null-user", "no-user", "late-system", "bad-args", "tool-name",
+        "tool-type", "choice-word", "choice-unknown", "required-without-tools"])
+def test_bad_messages_are_400(body, param):
+    with pytest.raises(APIError) as info:
+        prompt(**body)
+    assert info.value.status == 400 and info.value.param == param
+    if "image" in str(body):
+        assert "no vision projector" in info.value.message
+
+
+def test_prompt_ends_in_think():
+    assert prompt_ends_in_think("<|im_start|>assistant\n<think>\n")
+    assert not prompt_ends_in_think("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_ends_in_think("<|im_start|>user\n<think><|im_end|>\n<|im_start|>assistant\n")
