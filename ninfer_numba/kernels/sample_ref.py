@@ -1,0 +1,137 @@
+"""Token selection in pure NumPy: penalties, greedy, temperature / top-k / top-p / min-p sampling, and the
+counter-based random draw shared with the GPU kernels in sample.py.
+
+This module must not import numba: the CPU engine imports it cheaply.
+
+Semantics (the GPU kernels implement exactly these steps):
+1. Penalties (llama.cpp): for every token with count > 0 in the penalty window, a positive logit is divided by
+   ``repetition`` and a non-positive one multiplied; then ``frequency·count + presence`` is subtracted.
+   Float parameters are rounded to float32 first (the device parameter buffer holds float32 values), the
+   division/multiplication is float32, and the subtraction is done in float64 and rounded once to float32.
+   In float64 the products count·frequency are exact, so a fused multiply-add on the GPU gives the same bits.
+2. temperature 0: the argmax of the penalised logits, lowest index on ties.
+3. Otherwise z = logits / temperature in float32. Tokens are ordered by z descending, ties by index ascending
+   (-0.0 counts as +0.0). e_i = exp(z_i - z_max) in float64 (e of the best token is exactly 1).
+4. Keep the first k of that order (top_k; 0 or >= V keeps all). S_k = sum of their e.
+5. top_p < 1: keep the shortest prefix whose mass reaches top_p·S_k.
+6. min_p: keep tokens with e_i >= min_p, i.e. p_i >= min_p·p_max (a prefix of the order, e is monotone).
+7. The kept set is the shortest of the three prefixes (m tokens, mass F(m)); the token drawn is the first j in
+   order with F(j) > u·F(m), where F(j) is the mass of the first j tokens and u in [0, 1) the uniform draw.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Philox4x32-10 constants (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int], rounds: int = 10) -> tuple[int, ...]:
+    """Philox4x32 block function on Python ints (four 32-bit counter words, two 32-bit key words)."""
+    c0, c1, c2, c3 = (int(c) & MASK32 for c in counter)
+    k0, k1 = (int(k) & MASK32 for k in key)
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + PHILOX_W0) & MASK32, (k1 + PHILOX_W1) & MASK32
+        p0, p1 = PHILOX_M0 * c0, PHILOX_M1 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK32, (p0 >> 32) ^ c3 ^ k1, p0 & MASK32
+    return c0, c1, c2, c3
+
+
+def philox_uniform(seed: int, step: int) -> float:
+    """u in [0, 1) with 53 random bits for draw number ``step`` of the stream ``seed`` (both 64-bit)."""
+    x0, x1, _, _ = philox4x32((step & MASK32, (step >> 32) & MASK32, 0, 0), (seed & MASK32, (seed >> 32) & MASK32))
+    return ((x0 >> 5) * 67108864 + (x1 >> 6)) / 9007199254740992.0
+
+
+def apply_penalties_ref(logits: np.ndarray, counts: np.ndarray, repetition: float = 1.0,
+                        presence: float = 0.0, frequency: float = 0.0) -> np.ndarray:
+    """logits: [V] float32, counts: [V] int32 (occurrences in the penalty window) -> [V] float32."""
+    out = np.asarray(logits, np.float32).copy()
+    counts = np.asarray(counts)
+    hit = counts > 0
+    rep = np.float32(repetition)
+    l = out[hit]
+    l = np.where(l > 0, l / rep, l * rep).astype(np.float32)
+    term = counts[hit].astype(np.float64) * float(np.float32(frequency)) + float(np.float32(presence))
+    out[hit] = (l.astype(np.float64) - term).astype(np.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class SampleTrace:
+    """The choice of ``sample_ref`` and how close each decision was to flipping.
+
+    Margins are relative: mass differences divided by the mass they are compared against. A kernel that sums
+    masses in another order (or in fixed point) can only disagree when a margin is below its rounding.
+    """
+    token: int
+    n_kept: int                 # m: tokens left after top-k / top-p / min-p
+    pick_margin: float          # min |F(j) - u·F(m)| / F(m) over the two boundaries around the pick
+    top_p_margin: float         # min |F(j) - top_p·S_k| / S_k around the top-p cut (inf when inactive)
+    min_p_margin: float         # min |e_i - min_p| over all tokens (inf when min_p == 0)
+
+    def margin(self) -> float:
+        return min(self.pick_margin, self.top_p_margin, self.min_p_margin)
+
+
+def sample_ref_detail(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+                      u: float) -> SampleTrace:
+    """logits: [V] float32 (already penalised). See the module docstring for the exact steps."""
+    logits = np.asarray(logits, np.float32)
+    V = logits.shape[0]
+    inf = float("inf")
+    if temperature == 0.0:
+        return SampleTrace(int(np.argmax(logits)), 1, inf, inf, inf)
+    z = (logits / np.float32(temperature)).astype(np.float32)
+    order = np.lexsort((np.arange(V), -z))                    # z descending, then index ascending
+    e = np.exp(z[order].astype(np.float64) - float(z[order[0]]))
+    k = int(top_k) if 0 < top_k < V else V
+    c = np.cumsum(e[:k])                                      # c[j-1] = F(j), j = 1..k
+    s_k = c[-1]
+    m, top_p_margin = k, inf
+    if top_p < 1.0:
+        t = float(np.float32(top_p)) * s_k
+        m_p = int(np.searchsorted(c, t, side="left")) + 1     # first j with F(j) >= t
+        m = min(m, m_p)
+        near = [c[j] for j in (m_p - 2, m_p - 1) if 0 <= j < k]
+        top_p_margin = min(abs(x - t) for x in near) / s_k
+    min_p_margin = inf
+    if min_p > 0.0:
+        mp = float(np.float32(min_p))
+        m = min(m, int(np.count_nonzero(e >= mp)))
+        min_p_margin = float(np.min(np.abs(e - mp)))
+    f_m = c[m - 1]
+    target = u * f_m
+    j = int(np.searchsorted(c[:m], target, side="right"))     # first j (0-based) with F(j+1) > target
+    near = [c[i] for i in (j - 1, j) if 0 <= i < m]
+    pick_margin = min(abs(x - target) for x in near) / f_m
+    return SampleTrace(int(order[j]), m, pick_margin, top_p_margin, min_p_margin)
+
+
+def sample_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, u: float) -> int:
+    """The token id chosen from ``logits`` [V] float32 for the uniform draw ``u`` in [0, 1)."""
+    return sample_ref_detail(logits, temperature, top_k, top_p, min_p, u).token
+
+
+def kept_probs_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """[V] float64 probabilities of the truncated, renormalised distribution (for statistical checks)."""
+    logits = np.asarray(logits, np.float32)
+    V = logits.shape[0]
+    z = (logits / np.float32(temperature)).astype(np.float32)
+    order = np.lexsort((np.arange(V), -z))
+    e = np.exp(z[order].astype(np.float64) - float(z[order[0]]))
+    k = int(top_k) if 0 < top_k < V else V
+    c = np.cumsum(e[:k])
+    m = k
+    if top_p < 1.0:
+        m = min(m, int(np.searchsorted(c, float(np.float32(top_p)) * c[-1], side="left")) + 1)
+    if min_p > 0.0:
+        m = min(m, int(np.count_nonzero(e >= float(np.float32(min_p)))))
+    p = np.zeros(V)
+    p[order[:m]] = e[:m] / c[m - 1]
+    return p
