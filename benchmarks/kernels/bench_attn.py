@@ -1,11 +1,12 @@
 """Microbenchmark of the attention kernels at the 9B / 27B shapes, timed inside replayed CUDA graphs.
 
-    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,prefill] [--out FILE]
+    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,prefill] [--mma] [--out FILE]
 
 Prints one row per shape: µs per call, GB/s (bytes the kernel must move) and TFLOP/s, with the % of the
 ceiling that bounds it (4.25 TB/s copy rate for rope and decode; torch SDPA's 602 / 643 TFLOP/s at
 T = 8192 / 32768 for prefill, reference/anchors.md). Working sets under ~3× the 60 MB L2 are rotated over
 several buffer copies so the timings come from HBM. With --out, one JSON object per row is appended.
+--mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
+from ninfer_numba.kernels.flash_attn.prefill_mma import launch_prefill_mma
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.utils.timing import time_graph
 
@@ -87,7 +89,17 @@ def bench_decode(H, Hkv, d, rng):
     return rows
 
 
-def bench_prefill(H, Hkv, d, rng, lengths):
+def _prefill_variants(mma: bool):
+    """(kernel name, launcher) pairs to time: the float32 kernel, then the tensor-core block sizes."""
+    variants = [("attention_prefill", attention_prefill)]
+    if mma:
+        for n_warps in (4, 8):
+            variants.append((f"prefill_mma_w{n_warps}",
+                             lambda *a, stream=0, n=n_warps: launch_prefill_mma(*a, stream=stream, n_warps=n)))
+    return variants
+
+
+def bench_prefill(H, Hkv, d, rng, lengths, mma=False):
     rows = []
     for T in lengths:
         q = _rand((T, H, d), np.float32, rng)
@@ -96,14 +108,16 @@ def bench_prefill(H, Hkv, d, rng, lengths):
         out = cuda.device_array((T, H * d), np.float32)
         pos0 = cuda.to_device(np.zeros(1, np.int32))
         flops = 4.0 * H * T * T * d / 2                     # causal half, as torch SDPA is counted
-        n_inner = max(1, min(10, int(2e12 / flops)))
-        ms = time_graph(lambda s: attention_prefill(q, kc, vc, pos0, proj, out, stream=s),
-                        n_inner=n_inner, reps=3 if flops > 1e12 else 10).median_ms
-        tf = flops / ms / 1e9
-        ref = SDPA_TFLOPS.get(T)
-        rows.append(dict(kernel="attention_prefill", T=T, us=ms * 1e3, TFLOPs=tf,
-                         pct=100 * tf / ref if ref else float("nan"),
-                         ceiling=f"SDPA {ref:.0f} TFLOP/s" if ref else "-"))
+        for name, prefill in _prefill_variants(mma):
+            # the float32 kernel runs ~20 TFLOP/s: fewer inner calls for it at long T
+            n_inner = max(1, min(10, int((2e12 if name == "attention_prefill" else 2e13) / flops)))
+            ms = time_graph(lambda s: prefill(q, kc, vc, pos0, proj, out, stream=s),
+                            n_inner=n_inner, reps=3 if flops > 1e12 else 10).median_ms
+            tf = flops / ms / 1e9
+            ref = SDPA_TFLOPS.get(T)
+            rows.append(dict(kernel=name, T=T, us=ms * 1e3, TFLOPs=tf,
+                             pct=100 * tf / ref if ref else float("nan"),
+                             ceiling=f"SDPA {ref:.0f} TFLOP/s" if ref else "-"))
     return rows
 
 
@@ -112,6 +126,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", choices=sorted(SHAPES), default="9b")
     ap.add_argument("--only", default="rope,decode,prefill")
     ap.add_argument("--prefill-lengths", default="512,2048,8192,32768")
+    ap.add_argument("--mma", action="store_true", help="also time the fp16 tensor-core prefill")
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args(argv)
     shape = SHAPES[args.model]
@@ -123,7 +138,8 @@ def main(argv=None) -> None:
     if "decode" in parts:
         rows += bench_decode(**shape, rng=rng)
     if "prefill" in parts:
-        rows += bench_prefill(**shape, rng=rng, lengths=[int(x) for x in args.prefill_lengths.split(",")])
+        rows += bench_prefill(**shape, rng=rng, lengths=[int(x) for x in args.prefill_lengths.split(",")],
+                              mma=args.mma)
     gpu = cuda.get_current_device().name
     gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
     print(f"# {gpu}  model {args.model} {shape}")

@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from ninfer_numba.config import EngineConfig
-from ninfer_numba.kernels.numba_env import check_numba_cuda, cuda
-from ninfer_numba.kernels.sample import argmax
+from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
+from ninfer_numba.kernels.sample import SampleWorkspace, argmax
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
@@ -31,19 +31,22 @@ class CudaRunner:
         self.config = weights.config
         self.max_seq = engine.max_seq
         self._host_tok = cuda.pinned_array(1, np.int32)
+        self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
         t0 = time.perf_counter()
         scratch = SequenceState(self.config, 8, self.stream)
         scratch.reset(self.stream)
         self._run_tokens(np.array([1, 2], np.int32), scratch)       # prefill path (t > 1)
         self._run_tokens(np.array([3], np.int32), scratch)          # decode path (t == 1)
-        argmax(self.model.logits[0], self.model.buf.tokens[:1], stream=self.stream)
+        argmax(self.model.logits[0], self.model.buf.tokens[:1], self.sample_ws, stream=self.stream)
         self.stream.synchronize()
         del scratch
         self.state = SequenceState(self.config, self.max_seq, self.stream)
         self.state.reset(self.stream)
-        self._graph = CudaGraph(self.stream)
-        with self._graph.capture():
-            self._decode_step_kernels()
+        # the CUDA simulator has no graphs: there the "replay" runs the same launches eagerly
+        self._graph = None if SIMULATOR else CudaGraph(self.stream)
+        if self._graph is not None:
+            with self._graph.capture():
+                self._decode_step_kernels()
         self.stream.synchronize()
         self.compile_seconds = time.perf_counter() - t0
 
@@ -51,7 +54,13 @@ class CudaRunner:
     def _decode_step_kernels(self) -> None:
         """One token: forward, then argmax into tokens[0] so the next replay embeds the greedy choice."""
         self.model.forward(1, self.state)
-        argmax(self.model.logits[0], self.model.buf.tokens[:1], stream=self.stream)
+        argmax(self.model.logits[0], self.model.buf.tokens[:1], self.sample_ws, stream=self.stream)
+
+    def _replay(self) -> None:
+        if self._graph is None:
+            self._decode_step_kernels()
+        else:
+            self._graph.launch()
 
     def _run_tokens(self, ids: np.ndarray, st: SequenceState, logits_rows: int = 1) -> None:
         """Eager forward of ids in chunks of at most prefill_chunk tokens."""
@@ -79,7 +88,7 @@ class CudaRunner:
         self._check_room(1)
         self._host_tok[0] = token
         self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
-        self._graph.launch()
+        self._replay()
         self.state.host_pos += 1
         return self.model.logits[0].copy_to_host(stream=self.stream)
 
@@ -88,7 +97,7 @@ class CudaRunner:
         self._check_room(1)
         self._host_tok[0] = token
         self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
-        self._graph.launch()
+        self._replay()
         self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
         self.stream.synchronize()
         self.state.host_pos += 1
@@ -124,7 +133,7 @@ class CudaRunner:
         start, stop = cuda.event(), cuda.event()
         start.record(self.stream)
         for _ in range(n_gen):
-            self._graph.launch()
+            self._replay()
             self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
             self.stream.synchronize()
         stop.record(self.stream)

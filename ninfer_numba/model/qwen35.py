@@ -19,7 +19,7 @@ from ninfer_numba.kernels.embed import embed_gather_q8
 from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
-from ninfer_numba.kernels.gdn.chunk import gdn_prefill
+from ninfer_numba.kernels.gdn.chunk import gdn_prefill, shared_workspace
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.gemm_q8 import gemm_q8
 from ninfer_numba.kernels.gemv_q8 import gemv_q8
@@ -65,7 +65,7 @@ class Buffers:
         dev = lambda shape, dt: cuda.device_array(shape, dt, stream=stream)   # noqa: E731
         self.t_max = t_max
         self.tokens = dev(t_max, np.int32)                      # [T] token ids of this forward
-        self.x = dev((t_max, e), np.float32)                    # [T, E] residual stream
+        self.x = dev((t_max * e,), np.float32)                  # [T, E] residual stream (viewed per use)
         self.xq = dev((t_max * k_max,), np.int8)                # [T, K] int8 activations (viewed per use)
         self.xs = dev((t_max * k_max // 32,), np.float32)       # [T, K/32] their block scales
         self.proj = dev((t_max * max(p_gdn, p_attn, 2 * f),), np.float32)   # [T, P] projection outputs
@@ -93,6 +93,7 @@ class Qwen35Gpu:
         self.next_token = cuda.device_array(1, np.int32, stream=stream)
         self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
         self.gdn_sync = make_decode_sync_counts(c.ssm_groups, c.ssm_heads, stream=stream)
+        self.gdn_ws = shared_workspace(engine.prefill_chunk, c.ssm_groups, c.ssm_heads, c.ssm_state, stream)
         self.gemm_path = "auto" if engine.gemm == "auto" else engine.gemm
 
     # -- matmuls --------------------------------------------------------------------------------------
@@ -160,5 +161,5 @@ class Qwen35Gpu:
             gdn_decode_step(proj.reshape(-1), *args, y.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
                             stream=s)
         else:
-            gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s)
+            gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws)
         return y

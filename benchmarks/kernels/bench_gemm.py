@@ -1,0 +1,215 @@
+"""Microbenchmark of the Q8 GEMV / GEMM family and the activation quantizers, timed inside replayed CUDA graphs.
+
+    python -m benchmarks.kernels.bench_gemm [--model 9b|27b] [--only gemv,step,gemm,quant]
+                                            [--m 512,2048,8192] [--paths mma,dp4a] [--out FILE]
+    .venv/bin/python -m pytest benchmarks/kernels/bench_gemm.py      (pytest-benchmark variants)
+
+Rows: shape, µs per call, GB/s of the bytes the kernel must move (int8 weights + fp16 scales + activations
++ output), int8 TOPS (2·M·N·K / time) and the % of the ceiling that bounds the kernel: the 4.25 TB/s copy rate
+for GEMV and the quantizers, and for GEMM both cuBLAS int8's 655 TOPS (the low end measured on 9B shapes,
+reference/anchors.md) and the 114-141 TOPS llama.cpp's whole prefill reaches. GEMV weights are rotated over
+>= 4 copies (and enough to stream >= 3x the 60 MB L2 per rotation); "step" replays every GEMV of one decode
+step of the model (8-27 GB of weights, far past L2). Weights are zero-filled: speed does not depend on the
+values. With --out, one JSON object per row is appended.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+
+from ninfer_numba.kernels.gemm_q8 import gemm_q8
+from ninfer_numba.kernels.gemv_q8 import gemv_q8
+from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.quant_act import rmsnorm_quant, silu_mul_quant
+from ninfer_numba.utils.timing import time_graph
+
+COPY_GBS = 4250.0
+CUBLAS_INT8_TOPS = 655.0
+L2_BYTES = 60e6
+# per-model matrices (N rows, K cols) and how many layers use them
+MODELS = {
+    "9b": dict(E=4096, F=12288, gdn_in=8192 + 4096 + 32 + 32, attn_in=8192 + 1024 + 1024, mixer_out=4096,
+               n_gdn=24, n_attn=8, vocab=248320),
+    "27b": dict(E=5120, F=17408, gdn_in=10240 + 6144 + 48 + 48, attn_in=12288 + 1024 + 1024, mixer_out=6144,
+                n_gdn=48, n_attn=16, vocab=248320),
+}
+
+
+def _zeros(shape, dtype):
+    from numba.cuda.cudadrv import driver
+    a = cuda.device_array(shape, dtype)
+    driver.device_memset(a, 0, a.nbytes)
+    return a
+
+
+def _q8_matrix(n, k):
+    return _zeros((n, k), np.int8), _zeros((n, k // 32), np.float16)
+
+
+def _activation(rng, m, k):
+    xq = cuda.to_device(rng.integers(-127, 128, (m, k), dtype=np.int8))
+    xs = cuda.to_device(rng.uniform(1e-3, 1e-1, (m, k // 32)).astype(np.float32))
+    return xq, xs
+
+
+def _gemv_bytes(n, k):
+    return n * k + n * (k // 32) * 2 + k + (k // 32) * 4 + n * 4
+
+
+def gemv_shapes(c):
+    return [("gate|up", 2 * c["F"], c["E"]), ("down", c["E"], c["F"]), ("gdn in", c["gdn_in"], c["E"]),
+            ("attn in", c["attn_in"], c["E"]), ("mixer out", c["E"], c["mixer_out"]), ("output", c["vocab"], c["E"])]
+
+
+def bench_gemv(c, rng):
+    rows = []
+    for name, n, k in gemv_shapes(c):
+        nbytes = _gemv_bytes(n, k)
+        copies = max(4, math.ceil(3 * L2_BYTES / nbytes) + 1)
+        mats = [_q8_matrix(n, k) for _ in range(copies)]
+        xq, xs = _activation(rng, 1, k)
+        out = _zeros(n, np.float32)
+        state = {"i": 0}
+
+        def launch(stream):
+            wq, ws = mats[state["i"] % copies]
+            state["i"] += 1
+            gemv_q8(wq, ws, xq, xs, out, stream=stream)
+
+        ms = time_graph(launch, n_inner=4 * copies, reps=10).median_ms
+        gbs = nbytes / ms / 1e6
+        rows.append(dict(kernel="gemv_q8", shape=f"{name} {n}x{k}", us=ms * 1e3, GBs=gbs,
+                         TOPS=2 * n * k / ms / 1e9, pct=100 * gbs / COPY_GBS, ceiling="copy 4.25 TB/s"))
+        del mats
+    return rows
+
+
+def bench_decode_step(c, rng):
+    """Every GEMV of one decode step, in model order, in one graph: the aggregate decode roofline."""
+    e, f = c["E"], c["F"]
+    plan = []
+    for layer in range(c["n_gdn"] + c["n_attn"]):
+        is_attn = layer % 4 == 3
+        plan += [(c["attn_in"] if is_attn else c["gdn_in"], e), (e, c["mixer_out"]), (2 * f, e), (e, f)]
+    plan.append((c["vocab"], e))
+    mats = [_q8_matrix(n, k) for n, k in plan]
+    acts = {k: _activation(rng, 1, k) for k in {k for _, k in plan}}
+    outs = {n: _zeros(n, np.float32) for n in {n for n, _ in plan}}
+    nbytes = sum(_gemv_bytes(n, k) for n, k in plan)
+
+    def launch(stream):
+        for (n, k), (wq, ws) in zip(plan, mats):
+            xq, xs = acts[k]
+            gemv_q8(wq, ws, xq, xs, outs[n], accumulate=(n == e), stream=stream)
+
+    ms = time_graph(launch, n_inner=1, reps=10).median_ms
+    gbs = nbytes / ms / 1e6
+    return [dict(kernel="gemv_q8 decode step", shape=f"{len(plan)} GEMVs, {nbytes / 1e9:.2f} GB", us=ms * 1e3,
+                 GBs=gbs, pct=100 * gbs / COPY_GBS, ceiling="copy 4.25 TB/s")]
+
+
+def bench_gemm(c, rng, ms_list, paths):
+    rows = []
+    shapes = [("gate|up", 2 * c["F"], c["E"]), ("down", c["E"], c["F"]), ("gdn in", c["gdn_in"], c["E"]),
+              ("mixer out", c["E"], c["mixer_out"])]
+    for path in paths:
+        for m in ms_list:
+            for name, n, k in shapes:
+                wq, ws = _q8_matrix(n, k)
+                xq, xs = _activation(rng, m, k)
+                out = _zeros((m, n), np.float32)
+                ops = 2.0 * m * n * k
+                n_inner = max(1, min(10, int(4e12 / ops)))
+                ms = time_graph(lambda s: gemm_q8(wq, ws, xq, xs, out, path=path, stream=s),
+                                n_inner=n_inner, reps=5).median_ms
+                tops = ops / ms / 1e9
+                rows.append(dict(kernel=f"gemm_q8 {path}", shape=f"M{m} {name} {n}x{k}", us=ms * 1e3, TOPS=tops,
+                                 pct=100 * tops / CUBLAS_INT8_TOPS, ceiling="cuBLAS int8 655 TOPS"))
+    return rows
+
+
+def bench_quant(c, rng):
+    rows = []
+    e, f = c["E"], c["F"]
+    for m in (1, 8192):
+        x = cuda.to_device(rng.standard_normal((m, e)).astype(np.float32))
+        w = cuda.to_device(np.ones(e, np.float32))
+        xq, xs = _zeros((m, e), np.int8), _zeros((m, e // 32), np.float32)
+        gu = cuda.to_device(rng.standard_normal((m, 2 * f)).astype(np.float32))
+        hq, hs = _zeros((m, f), np.int8), _zeros((m, f // 32), np.float32)
+        for name, fn, nbytes in (
+                ("rmsnorm_quant", lambda s: rmsnorm_quant(x, w, 1e-6, xq, xs, stream=s), m * e * 4 + e * 4 + m * e * 1.125),
+                ("silu_mul_quant", lambda s: silu_mul_quant(gu, hq, hs, stream=s), m * 2 * f * 4 + m * f * 1.125)):
+            ms = time_graph(fn, n_inner=20, reps=10).median_ms
+            gbs = nbytes / ms / 1e6
+            rows.append(dict(kernel=name, shape=f"M{m}", us=ms * 1e3, GBs=gbs, pct=100 * gbs / COPY_GBS,
+                             ceiling="copy 4.25 TB/s"))
+    return rows
+
+
+def _print(rows):
+    print(f"{'kernel':<22} {'shape':<34} {'us':>10} {'GB/s':>8} {'TOPS':>8} {'% ceil':>7}  ceiling")
+    for r in rows:
+        gbs = f"{r['GBs']:.0f}" if "GBs" in r else "-"
+        tops = f"{r['TOPS']:.1f}" if "TOPS" in r else "-"
+        print(f"{r['kernel']:<22} {r['shape']:<34} {r['us']:>10.1f} {gbs:>8} {tops:>8} {r['pct']:>6.1f}%  {r['ceiling']}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="9b")
+    ap.add_argument("--only", default="gemv,step,gemm,quant")
+    ap.add_argument("--m", default="512,2048,8192", help="GEMM row counts")
+    ap.add_argument("--paths", default="mma,dp4a", help="GEMM paths")
+    ap.add_argument("--out", help="append JSON lines here")
+    args = ap.parse_args(argv)
+    c = MODELS[args.model]
+    rng = np.random.default_rng(0)
+    parts = set(args.only.split(","))
+    rows = []
+    if "gemv" in parts:
+        rows += bench_gemv(c, rng)
+    if "step" in parts:
+        rows += bench_decode_step(c, rng)
+    if "quant" in parts:
+        rows += bench_quant(c, rng)
+    if "gemm" in parts:
+        rows += bench_gemm(c, rng, [int(v) for v in args.m.split(",")], args.paths.split(","))
+    _print(rows)
+    if args.out:
+        dev = cuda.get_current_device()
+        with open(args.out, "a") as fh:
+            for r in rows:
+                fh.write(json.dumps({"model": args.model, "gpu": dev.name.decode() if isinstance(dev.name, bytes)
+                                     else str(dev.name), **r}) + "\n")
+
+
+# ---------------------------------------------------------------- pytest-benchmark variants --------------
+# Collected by benchmarks/kernels/conftest.py (skipped without a GPU); fixtures kernel_bench, l2_bytes.
+
+def test_gemv_9b_gate_up(kernel_bench, l2_bytes):
+    from benchmarks.kernels.conftest import copies_to_defeat_l2, rotated
+    rng = np.random.default_rng(0)
+    _, n, k = gemv_shapes(MODELS["9b"])[0]
+    nbytes = _gemv_bytes(n, k)
+    sets = [(*_q8_matrix(n, k), *_activation(rng, 1, k), _zeros(n, np.float32))
+            for _ in range(max(4, copies_to_defeat_l2(nbytes, l2_bytes)))]
+    kernel_bench(rotated(lambda s, wq, ws, xq, xs, out: gemv_q8(wq, ws, xq, xs, out, stream=s), sets),
+                 bytes_moved=nbytes, int8_ops=2 * n * k, n_inner=4 * len(sets))
+
+
+def test_gemm_mma_9b_m2048(kernel_bench):
+    rng = np.random.default_rng(0)
+    c = MODELS["9b"]
+    wq, ws = _q8_matrix(2 * c["F"], c["E"])
+    xq, xs = _activation(rng, 2048, c["E"])
+    out = _zeros((2048, 2 * c["F"]), np.float32)
+    kernel_bench(lambda s: gemm_q8(wq, ws, xq, xs, out, path="mma", stream=s),
+                 int8_ops=2.0 * 2048 * 2 * c["F"] * c["E"], n_inner=5, rounds=5)
+
+
+if __name__ == "__main__":
+    main()

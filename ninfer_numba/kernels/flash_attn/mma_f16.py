@@ -1,0 +1,187 @@
+"""fp16 tensor-core intrinsics for the attention prefill kernel, each with a pure-Python twin for the simulator.
+
+On a GPU every name below is an ``@intrinsic`` emitting one PTX instruction (pattern: reference/numba-cuda.md
+§2, as in kernels/ptx.py):
+
+- ``mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: warp-wide
+  ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, D = A·B + C, returns (d0, d1, d2, d3) float32.
+- ``ldmatrix_x4(smem, i)`` / ``ldmatrix_x4_trans(smem, i)``: warp-wide ``ldmatrix.sync.aligned.m8n8.x4``
+  (``.trans``) ``.shared.b16``; lane l supplies the address of row l % 8 of matrix l // 8 as flat element
+  ``i`` of a shared array (16-byte aligned); returns four uint32, register m from matrix m.
+- ``pack_f16x2(lo, hi)``: two float32 rounded to nearest f16 and packed into one uint32, ``lo`` in bits
+  0-15 (``cvt.rn.f16x2.f32``, whose FIRST source lands in the UPPER half, so the operands are swapped).
+
+Fragment layouts (PTX ISA "Matrix Fragments for mma.m16n8k16 with floating point type"; g = lane >> 2,
+t = lane & 3; each b32 register holds two f16, the lower-indexed element in the low half):
+
+    A 16x16 row:  a0 = A[g, 2t:2t+2]   a1 = A[g+8, 2t:2t+2]   a2 = A[g, 2t+8:2t+10]   a3 = A[g+8, 2t+8:2t+10]
+    B 16x8 col:   b0 = B[2t:2t+2, g]   b1 = B[2t+8:2t+10, g]
+    C/D 16x8:     c0 = C[g, 2t]  c1 = C[g, 2t+1]  c2 = C[g+8, 2t]  c3 = C[g+8, 2t+1]
+
+ldmatrix gives lane (g, t) the pair M[g, 2t:2t+2] of each 8x8 matrix M (rows = the addressed rows), or with
+``.trans`` the pair (M[2t, g], M[2t+1, g]); with row addresses chosen accordingly the four registers are an
+A fragment of a row-major tile, B fragments of a row-major [n, k] tile (K rows), or, transposed, B
+fragments of a row-major [k, n] tile (V rows).
+
+Under ``NUMBA_ENABLE_CUDASIM=1`` the twins exchange values among the 32 simulated lanes of a warp with
+kernels/ptx.py's per-warp barrier, so the whole kernel runs (slowly) in the simulator at tiny shapes.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import types
+
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.ptx import _host_view, _warp_collective
+
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+_SHARED = 3                     # NVPTX address space of shared memory
+
+
+# ---------------------------------------------------------------- GPU: inline PTX ---------------------
+
+def _shared_address(context, builder, aty, ary_val, idx_val, idx_ty):
+    """32-bit shared-window address of flat element idx of a shared array.
+
+    The array's data pointer is generic; an addrspacecast back to the shared space lets NVVM fold the cast
+    into the shared global itself (32-bit address arithmetic, no cvta per call).
+    """
+    ary = context.make_array(aty)(context, builder, value=ary_val)
+    idx = context.cast(builder, idx_val, idx_ty, types.intp)
+    ptr = builder.gep(ary.data, [idx])
+    sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, _SHARED))
+    return builder.trunc(builder.ptrtoint(sptr, _I64), _I32)
+
+
+def _make_intrinsics():
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def mma_f16_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        ret = types.UniTuple(types.float32, 4)
+        sig = ret(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+        def codegen(context, builder, sig, args):
+            regs = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
+            accs = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+            sty = ir.LiteralStructType([_F32] * 4)
+            asm = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
+                   "{$8, $9}, {$10, $11, $12, $13};")
+            fn = ir.InlineAsm(ir.FunctionType(sty, [_I32] * 6 + [_F32] * 4), asm,
+                              ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4))
+            res = builder.call(fn, regs + accs)
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    def _ldmatrix(trans):
+        asm = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
+               ".shared.b16 {$0, $1, $2, $3}, [$4];")
+
+        @intrinsic
+        def ldmatrix(typingctx, smem, idx):
+            ret = types.UniTuple(types.uint32, 4)
+            sig = ret(smem, idx)
+
+            def codegen(context, builder, sig, args):
+                addr = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                sty = ir.LiteralStructType([_I32] * 4)
+                # a memory read the compiler cannot see: side effect + memory clobber keep it after the
+                # barrier and the cp.async wait that make the tile visible
+                fn = ir.InlineAsm(ir.FunctionType(sty, [_I32]), asm, "=r,=r,=r,=r,r,~{memory}",
+                                  side_effect=True)
+                res = builder.call(fn, [addr])
+                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return sig, codegen
+        return ldmatrix
+
+    @intrinsic
+    def pack_f16x2(typingctx, lo, hi):
+        sig = types.uint32(lo, hi)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args)]
+            fn = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]), "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f")
+            return builder.call(fn, vals)
+        return sig, codegen
+
+    return mma_f16_16816, _ldmatrix(False), _ldmatrix(True), pack_f16x2
+
+
+# ---------------------------------------------------------------- simulator: Python twins -------------
+
+_LANES = np.arange(32)
+_G = _LANES >> 2
+_T = _LANES & 3
+
+
+def _f16_pairs(words):
+    """uint32 words -> [n, 2] float64 of the (low, high) f16 halves."""
+    w = np.asarray([int(x) & 0xFFFFFFFF for x in words], np.uint32)
+    return w.view(np.float16).reshape(-1, 2).astype(np.float64)
+
+
+def _mma_f16_from_fragments(frags):
+    """A @ B (float64 [16, 8]) from the 32 lanes' (a0, a1, a2, a3, b0, b1) in the layout of the docstring."""
+    f = np.array(frags, np.int64)
+    a = np.zeros((16, 16))
+    b = np.zeros((16, 8))
+    cols = 2 * _T[:, None] + np.arange(2)[None, :]              # [32, 2]: 2t, 2t+1
+    rows = _G[:, None]
+    a[rows, cols] = _f16_pairs(f[:, 0])
+    a[rows + 8, cols] = _f16_pairs(f[:, 1])
+    a[rows, cols + 8] = _f16_pairs(f[:, 2])
+    a[rows + 8, cols + 8] = _f16_pairs(f[:, 3])
+    b[cols, rows] = _f16_pairs(f[:, 4])
+    b[cols + 8, rows] = _f16_pairs(f[:, 5])
+    return a @ b
+
+
+def _ldmatrix_from_addresses(trans):
+    def combine(values):
+        words = _host_view(values[0][0]).reshape(-1).view(np.uint32)
+        idx = [int(v[1]) for v in values]
+        out = np.zeros((32, 4), np.uint32)
+        for m in range(4):
+            rows = np.stack([words[idx[8 * m + r]:idx[8 * m + r] + 4] for r in range(8)])   # [8 rows, 4 words]
+            if not trans:
+                out[:, m] = rows[_G, _T]                        # M[g, 2t:2t+2] is word t of row g
+            else:
+                halves = rows.view(np.uint16)                   # [8 rows, 8 columns]
+                lo = halves[2 * _T, _G].astype(np.uint32)       # M[2t, g]
+                hi = halves[2 * _T + 1, _G].astype(np.uint32)   # M[2t+1, g]
+                out[:, m] = lo | (hi << 16)
+        return out
+    return combine
+
+
+def _make_fallbacks():
+    ld_plain = _ldmatrix_from_addresses(False)
+    ld_trans = _ldmatrix_from_addresses(True)
+
+    @cuda.jit(device=True)
+    def mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        lane, d = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3, b0, b1)), _mma_f16_from_fragments)
+        g, t = lane >> 2, lane & 3
+        return (np.float32(d[g, 2 * t] + c0), np.float32(d[g, 2 * t + 1] + c1),
+                np.float32(d[g + 8, 2 * t] + c2), np.float32(d[g + 8, 2 * t + 1] + c3))
+
+    @cuda.jit(device=True)
+    def ldmatrix_x4(smem, idx):
+        lane, regs = _warp_collective((smem, idx), ld_plain)
+        return regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3]
+
+    @cuda.jit(device=True)
+    def ldmatrix_x4_trans(smem, idx):
+        lane, regs = _warp_collective((smem, idx), ld_trans)
+        return regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3]
+
+    @cuda.jit(device=True)
+    def pack_f16x2(lo, hi):
+        with np.errstate(over="ignore"):                        # overflow to inf, as cvt.rn does
+            return np.array([lo, hi], np.float32).astype(np.float16).view(np.uint32)[0]
+
+    return mma_f16_16816, ldmatrix_x4, ldmatrix_x4_trans, pack_f16x2
+
+
+mma_f16_16816, ldmatrix_x4, ldmatrix_x4_trans, pack_f16x2 = _make_fallbacks() if SIMULATOR else _make_intrinsics()

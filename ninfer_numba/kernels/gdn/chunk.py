@@ -1,0 +1,152 @@
+"""GDN prefill (chunked form): the whole token mixer for T tokens, as a sequence of kernels on one stream.
+
+Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel reading what the previous wrote:
+  1. conv_silu + conv_state_shift (conv.py)   u = silu(conv(proj[:, :C])), conv state <- last K-1 inputs
+  2. qk_norm_gates                             q, k heads of u L2-normalised in place; beta, g [T, Hv]
+  3. chunk_intra (chunk_kernels.py)            G, W, U, P per (chunk, value head)
+  4. chunk_state (chunk_kernels.py)            raw o into y_out; state carried over all chunks
+  5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place
+All intermediates live in a ``GdnPrefillWorkspace`` sized for the longest prompt; kernels receive the full
+workspace arrays plus T and touch rows < T only. Callers that must never allocate pass ``ws``; without it
+one workspace per (device, shape) is kept here and grown to the longest T seen (allocation then happens
+only on a first or longer call, never during graph capture of decode, which does not use it).
+"""
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import float32
+
+from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel, chunk_state_kernel, state_tiling
+from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+
+TPB_ROW = 128      # threads per block of the row kernels (one thread per (token, head) row)
+
+
+@lru_cache(maxsize=None)
+def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
+    C = 2 * Hk * S + Hv * S
+    B0 = C + Hv * S            # proj column of beta_raw; alpha_raw follows at B0 + Hv
+    NR = 2 * Hk + Hv           # items per token: 2*Hk L2 norms (q heads, then k heads), Hv gates
+
+    @cuda.jit
+    def qk_norm_gates(proj, u, ssm_a, dt_bias, beta, g, T, eps):
+        # proj: [T, P], u: [T, C] (q, k heads normalised in place), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
+        # One thread per row: a serial sum over S needs no barrier (and no warp shuffle, which the
+        # simulator lacks); the row's 512 B stay in L1 across the two passes.
+        idx = cuda.blockIdx.x * TPB_ROW + cuda.threadIdx.x
+        if idx >= T * NR:
+            return
+        t = idx // NR
+        r = idx % NR
+        if r < 2 * Hk:
+            base = r * S
+            acc = float32(0.0)
+            for d in range(S):
+                x = u[t, base + d]
+                acc += x * x
+            inv = float32(1.0) / max(float32(math.sqrt(acc)), float32(eps))
+            for d in range(S):
+                u[t, base + d] *= inv
+        else:
+            jj = r - 2 * Hk
+            beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
+            g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
+
+    return qk_norm_gates
+
+
+@lru_cache(maxsize=None)
+def _gated_norm_kernel(S: int, Hk: int, Hv: int):
+    Z0 = 2 * Hk * S + Hv * S   # proj column of z
+
+    @cuda.jit
+    def gated_norm(proj, norm_w, y, T, eps):
+        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; one thread per (t, head)
+        idx = cuda.blockIdx.x * TPB_ROW + cuda.threadIdx.x
+        if idx >= T * Hv:
+            return
+        t = idx // Hv
+        base = (idx % Hv) * S
+        acc = float32(0.0)
+        for d in range(S):
+            o = y[t, base + d]
+            acc += o * o
+        inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
+        for d in range(S):
+            y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
+
+    return gated_norm
+
+
+class GdnPrefillWorkspace:
+    """Device scratch for gdn_prefill up to ``max_tokens`` tokens (reused by every GDN layer in turn).
+
+    u: [T, C] post-conv activations, beta, g: [T, Hv], G: [Hv, T], W, U: [Hv, T, S], P: [Hv, T, BT].
+    9B at T = 8192: 268 + 2 + 1 + 268 + 67 MB (float32).
+    """
+
+    def __init__(self, max_tokens: int, Hk: int, Hv: int, S: int, stream=0) -> None:
+        self.max_tokens, self.Hk, self.Hv, self.S = max_tokens, Hk, Hv, S
+        C = 2 * Hk * S + Hv * S
+        T = max_tokens
+        f32 = np.float32
+        self.u = cuda.device_array((T, C), f32, stream=stream)
+        self.beta = cuda.device_array((T, Hv), f32, stream=stream)
+        self.g = cuda.device_array((T, Hv), f32, stream=stream)
+        self.G = cuda.device_array((Hv, T), f32, stream=stream)
+        self.W = cuda.device_array((Hv, T, S), f32, stream=stream)
+        self.U = cuda.device_array((Hv, T, S), f32, stream=stream)
+        self.P = cuda.device_array((Hv, T, BT), f32, stream=stream)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.u, self.beta, self.g, self.G, self.W, self.U, self.P))
+
+
+_SHARED_WORKSPACES: dict = {}
+
+
+def shared_workspace(T: int, Hk: int, Hv: int, S: int, stream=0) -> GdnPrefillWorkspace:
+    """The module's workspace for the current device and shape, grown (rounded up to BT) to hold T."""
+    device_id = 0 if SIMULATOR else cuda.get_current_device().id     # the simulator's device has no id
+    key = (device_id, Hk, Hv, S)
+    ws = _SHARED_WORKSPACES.get(key)
+    if ws is None or ws.max_tokens < T:
+        ws = GdnPrefillWorkspace((T + BT - 1) // BT * BT, Hk, Hv, S, stream=stream)
+        _SHARED_WORKSPACES[key] = ws
+    return ws
+
+
+def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, Hk: int, eps: float,
+                stream=0, ws: GdnPrefillWorkspace | None = None) -> None:
+    """T tokens through the whole GDN mixer (chunked form); leaves conv_state and state ready for decode.
+
+    proj: [T, P] float32 (qkv | z | beta_raw | alpha_raw, P = C + Hv*S + 2*Hv), conv_w: [C, K] float32,
+    conv_state: [K-1, C] float32 (in/out), ssm_a, dt_bias: [Hv] float32, norm_w: [S] float32,
+    state: [Hv, S, S] float32 (in/out, state[j, key, value]), y_out: [T, Hv*S] float32.
+    ws: scratch (max_tokens >= T, same Hk, Hv, S); None uses the shared one (see the module docstring).
+    Layers on one stream may share a workspace; concurrent streams on one device need one each.
+    """
+    T = proj.shape[0]
+    Hv, S = state.shape[0], state.shape[1]
+    if T == 0:
+        return
+    if ws is None:
+        ws = shared_workspace(T, Hk, Hv, S, stream)
+    if T > ws.max_tokens or (ws.Hk, ws.Hv, ws.S) != (Hk, Hv, S):
+        raise ValueError(f"workspace (T<={ws.max_tokens}, Hk={ws.Hk}, Hv={ws.Hv}, S={ws.S}) does not fit "
+                         f"T={T}, Hk={Hk}, Hv={Hv}, S={S}")
+    C = 2 * Hk * S + Hv * S
+    conv_silu_prefill(proj, conv_w, conv_state, ws.u, C, stream)
+    n_rows = T * (2 * Hk + Hv)
+    _qk_norm_gates_kernel(S, Hk, Hv)[(n_rows + TPB_ROW - 1) // TPB_ROW, TPB_ROW, stream](
+        proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g, T, eps)
+    n_chunks = (T + BT - 1) // BT
+    chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
+                                                                 ws.P, T)
+    BV, NT = state_tiling(S)
+    chunk_state_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
+    _gated_norm_kernel(S, Hk, Hv)[(T * Hv + TPB_ROW - 1) // TPB_ROW, TPB_ROW, stream](
+        proj, norm_w, y_out, T, eps)

@@ -1,0 +1,201 @@
+"""Fused GDN decode step: conv step + SiLU + L2 norm + gates + delta-rule update + gated RMSNorm.
+
+Reference: ``gdn_mixer_ref`` in ref.py at T = 1 (chunked=False).
+
+Work split. The step is bandwidth-bound on the recurrent state (9B: 32 heads x 128 x 128 fp32 = 2 MiB read
+and 2 MiB written per layer), and one block per value head would use only Hv SMs. Value columns of the
+state are independent in the recurrence (column c of M only needs k, q, beta, g and v[c]), so the grid is
+(S / BV value tiles, Hv heads): 128 blocks for 9B, 192 for 27B. Inside a block, thread (col, kgrp) holds
+rows [kgrp*ROWS, (kgrp+1)*ROWS) of state column col in registers: the state is read once and written
+once, and the two key-dimension sums (M^T k, M^T q) are finished across the KG row groups in shared memory.
+
+Two things couple blocks, and both are settled by the last block to arrive (counter + threadfence):
+- the gated RMSNorm needs the whole o row of a head: tiles write raw o into y_out; the last tile of a head
+  normalises the row in place;
+- the conv state of a key head's q and k channels is read by every block of the value heads sharing it:
+  the last of those blocks shifts it.
+``sync_counts`` ([Hv + Hk] int32, zero before the first launch) is reset by those last blocks, so the
+kernel can be replayed from a CUDA graph.
+
+State layout (in/out): [Hv, S, S] float32, state[j, i_key, i_value] (M_j with math shape [key, value]),
+the layout of ref.py; warps read rows along the value index, so loads are coalesced.
+"""
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, int32
+
+from ninfer_numba.kernels.gdn.device_math import (block_sum2_pow2, block_sum_pow2, gate_log_decay,
+                                                   sigmoid_f32, silu_f32)
+from ninfer_numba.kernels.numba_env import cuda
+
+KG = 4             # key-row groups per value column
+
+
+def decode_tiling(S: int) -> tuple[int, int]:
+    """(BV value columns per block, threads per block) for head dim S."""
+    if S % 16 != 0:
+        raise ValueError(f"GDN head dim S={S} must be a multiple of 16")
+    BV = 32 if S % 32 == 0 else 16
+    return BV, BV * KG
+
+
+@lru_cache(maxsize=None)
+def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
+    if Hv % Hk != 0:
+        raise ValueError(f"Hv={Hv} must be a multiple of Hk={Hk}")
+    BV, NT = decode_tiling(S)
+    ROWS = S // KG
+    NTILES = S // BV
+    KM1 = K - 1
+    S2 = 2 * S                  # shared-array sizes must be plain constants, not expressions
+    C = 2 * Hk * S + Hv * S
+    Z0 = C                      # proj column of z
+    B0 = C + Hv * S             # proj column of beta_raw; alpha_raw follows at B0 + Hv
+    KEY_BLOCKS = NTILES * (Hv // Hk)
+    SCALE = 1.0 / math.sqrt(S)
+
+    @cuda.jit
+    def gdn_decode(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, sync_counts, eps):
+        # proj: [P] f32, conv_w: [C, K] f32, conv_state: [K-1, C] f32 (in/out), ssm_a, dt_bias: [Hv] f32,
+        # norm_w: [S] f32, state: [Hv, S, S] f32 (in/out), y_out: [Hv*S] f32, sync_counts: [Hv+Hk] i32
+        tid = cuda.threadIdx.x
+        vt = cuda.blockIdx.x
+        j = cuda.blockIdx.y
+        kh = j % Hk                                   # tiled head broadcast (ggml / converter order)
+        col = tid % BV
+        kgrp = tid // BV
+        s_qk = cuda.shared.array(S2, float32)      # silu(conv) of q | k for key head kh, then normalised
+        s_v = cuda.shared.array(BV, float32)
+        s_red_a = cuda.shared.array(NT, float32)
+        s_red_b = cuda.shared.array(NT, float32)
+        s_part = cuda.shared.array(NT, float32)       # per (kgrp, col) partial sums over key rows
+        s_flag = cuda.shared.array(2, int32)
+        r_x = cuda.local.array(K, float32)
+        epsf = float32(eps)
+
+        # --- conv step + SiLU: q, k channels of key head kh (read-only here), v channels of this tile
+        for c in range(tid, 2 * S, NT):
+            ch = kh * S + c if c < S else Hk * S + kh * S + (c - S)
+            acc = conv_w[ch, KM1] * proj[ch]
+            for k in range(KM1):
+                acc += conv_w[ch, k] * conv_state[k, ch]
+            s_qk[c] = silu_f32(acc)
+        if tid < BV:
+            ch = 2 * Hk * S + j * S + vt * BV + tid  # owned by this block alone: shift in place
+            for k in range(KM1):
+                r_x[k] = conv_state[k, ch]
+            r_x[KM1] = proj[ch]
+            acc = float32(0.0)
+            for k in range(K):
+                acc += conv_w[ch, k] * r_x[k]
+            s_v[tid] = silu_f32(acc)
+            for k in range(KM1):
+                conv_state[k, ch] = r_x[k + 1]
+        cuda.syncthreads()
+
+        # --- L2 norms of q and k (x / max(||x||, eps))
+        pa = float32(0.0)
+        pb = float32(0.0)
+        for c in range(tid, S, NT):
+            pa += s_qk[c] * s_qk[c]
+            pb += s_qk[S + c] * s_qk[S + c]
+        s_red_a[tid] = pa
+        s_red_b[tid] = pb
+        cuda.syncthreads()
+        ssq_q, ssq_k = block_sum2_pow2(s_red_a, s_red_b, tid, NT)
+        inv_q = float32(1.0) / max(float32(math.sqrt(ssq_q)), epsf)
+        inv_k = float32(1.0) / max(float32(math.sqrt(ssq_k)), epsf)
+        for c in range(tid, S, NT):
+            s_qk[c] *= inv_q
+            s_qk[S + c] *= inv_k
+        beta = sigmoid_f32(proj[B0 + j])
+        decay = float32(math.exp(gate_log_decay(proj[B0 + Hv + j], ssm_a[j], dt_bias[j])))
+        cuda.syncthreads()
+
+        # --- delta rule on this thread's ROWS x 1 slice of state column (vt*BV + col)
+        r_m = cuda.local.array(ROWS, float32)
+        vcol = vt * BV + col
+        i0 = kgrp * ROWS
+        acc = float32(0.0)
+        for r in range(ROWS):
+            m = state[j, i0 + r, vcol] * decay
+            r_m[r] = m
+            acc += m * s_qk[S + i0 + r]
+        s_part[tid] = acc
+        cuda.syncthreads()
+        kv = float32(0.0)
+        for g in range(KG):
+            kv += s_part[g * BV + col]
+        delta = beta * (s_v[col] - kv)
+        cuda.syncthreads()                            # everyone has read s_part before it is reused
+        acc = float32(0.0)
+        for r in range(ROWS):
+            m = r_m[r] + s_qk[S + i0 + r] * delta
+            state[j, i0 + r, vcol] = m
+            acc += m * s_qk[i0 + r]
+        s_part[tid] = acc
+        cuda.syncthreads()
+        if kgrp == 0:
+            o = float32(0.0)
+            for g in range(KG):
+                o += s_part[g * BV + col]
+            y_out[j * S + vcol] = o * float32(SCALE)  # raw o; normalised by the head's last tile
+
+        # --- arrival counters: the last tile of head j finishes the norm, the last block of key head kh
+        #     shifts its q/k conv state
+        cuda.threadfence()
+        cuda.syncthreads()
+        if tid == 0:
+            s_flag[0] = 1 if cuda.atomic.add(sync_counts, j, 1) == NTILES - 1 else 0
+            s_flag[1] = 1 if cuda.atomic.add(sync_counts, Hv + kh, 1) == KEY_BLOCKS - 1 else 0
+        cuda.syncthreads()
+
+        if s_flag[0] != 0:
+            pa = float32(0.0)
+            for c in range(tid, S, NT):
+                # atomic read: other tiles' o comes from L2, never from a stale L1 line
+                o = cuda.atomic.add(y_out, j * S + c, float32(0.0))
+                pa += o * o
+            s_red_a[tid] = pa
+            cuda.syncthreads()
+            ssq = block_sum_pow2(s_red_a, tid, NT)
+            inv_rms = float32(1.0) / float32(math.sqrt(ssq / float32(S) + epsf))
+            for c in range(tid, S, NT):
+                o = cuda.atomic.add(y_out, j * S + c, float32(0.0))
+                y_out[j * S + c] = o * inv_rms * norm_w[c] * silu_f32(proj[Z0 + j * S + c])
+            if tid == 0:
+                sync_counts[j] = 0
+
+        if s_flag[1] != 0:
+            for c in range(tid, 2 * S, NT):
+                ch = kh * S + c if c < S else Hk * S + kh * S + (c - S)
+                for k in range(KM1 - 1):
+                    conv_state[k, ch] = conv_state[k + 1, ch]
+                if KM1 > 0:
+                    conv_state[KM1 - 1, ch] = proj[ch]
+            if tid == 0:
+                sync_counts[Hv + kh] = 0
+
+    return gdn_decode
+
+
+def make_decode_sync_counts(Hk: int, Hv: int, stream=0):
+    """Zeroed arrival counters ([Hv + Hk] int32) for gdn_decode_step; one per concurrently running layer."""
+    return cuda.to_device(np.zeros(Hv + Hk, np.int32), stream=stream)
+
+
+def gdn_decode_step(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, sync_counts,
+                    Hk: int, eps: float, stream=0) -> None:
+    """One decode token through the whole GDN mixer, in one kernel (see the module docstring).
+
+    proj: [P] float32 (qkv | z | beta_raw | alpha_raw, P = C + Hv*S + 2*Hv), conv_w: [C, K] float32,
+    conv_state: [K-1, C] float32 (in/out), ssm_a, dt_bias: [Hv] float32, norm_w: [S] float32,
+    state: [Hv, S, S] float32 (in/out, state[j, key, value]), y_out: [Hv*S] float32,
+    sync_counts: [Hv + Hk] int32 from make_decode_sync_counts (left zeroed by every launch).
+    """
+    Hv, S = state.shape[0], state.shape[1]
+    BV, NT = decode_tiling(S)
+    _decode_kernel(S, conv_w.shape[1], Hk, Hv)[(S // BV, Hv), NT, stream](
+        proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, sync_counts, eps)

@@ -1,0 +1,211 @@
+"""Inline-PTX intrinsics (ptx.py) against NumPy: the PTX on a GPU, the Python twins under the simulator.
+
+Every check is exact (integer ops, bit moves, data movement). Run under the simulator with
+``NUMBA_ENABLE_CUDASIM=1 pytest -m cudasim tests/kernels/test_ptx.py``; on a GPU the same tests run the PTX.
+"""
+import numpy as np
+import pytest
+
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+from ninfer_numba.kernels import ptx
+
+pytestmark = [pytest.mark.cudasim,
+              pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")]
+
+
+def test_trivial_kernel_compiles_and_runs():
+    """The numpy row_stack shim in numba_env lets a kernel compile and launch."""
+    @cuda.jit
+    def add_one(a):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] += 1
+
+    a = np.arange(37, dtype=np.int32)
+    d = cuda.to_device(a)
+    add_one[1, 64](d)
+    np.testing.assert_array_equal(d.copy_to_host(), a + 1)
+
+
+@cuda.jit
+def _dp4a_kernel(a, b, c, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = ptx.dp4a(a[i], b[i], c[i])
+
+
+def test_dp4a_matches_int8_dot():
+    rng = np.random.default_rng(0)
+    n = 45
+    a = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+    b = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+    a[:3] = [-1, 0x7F7F7F7F, np.int32(-0x7F7F7F80)]            # all -1 bytes, all +127, all -128
+    b[:3] = [-1, 0x7F7F7F7F, np.int32(-0x7F7F7F80)]
+    c = rng.integers(-10**6, 10**6, n).astype(np.int32)
+    ref = (a.view(np.int8).reshape(n, 4).astype(np.int64) * b.view(np.int8).reshape(n, 4)).sum(1) + c
+    out = cuda.to_device(np.full(n, -7, np.int32))
+    _dp4a_kernel[1, 64](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), out)
+    np.testing.assert_array_equal(out.copy_to_host(), ref.astype(np.int32))
+
+
+@cuda.jit
+def _ldg_kernel(src, out):
+    i = cuda.grid(1) * 4
+    if i < src.size:
+        x, y, z, w = ptx.ldg_nc_v4_u32(src, i)
+        out[i], out[i + 1], out[i + 2], out[i + 3] = x, y, z, w
+
+
+def test_ldg_nc_v4_u32_copies():
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 2**32, 4 * 13, dtype=np.uint64).astype(np.uint32)
+    out = cuda.to_device(np.zeros_like(src))
+    _ldg_kernel[1, 32](cuda.to_device(src), out)
+    np.testing.assert_array_equal(out.copy_to_host(), src)
+
+
+@cuda.jit
+def _ldg_int8_rows_kernel(w, out):
+    """w: [R, C] int8 (C % 16 == 0) -> out: [R * C / 4] uint32, read 16 bytes per thread by flat index."""
+    i = cuda.grid(1) * 16
+    if i < w.size:
+        x, y, z, v = ptx.ldg_nc_v4_u32(w, i)
+        j = i // 4
+        out[j], out[j + 1], out[j + 2], out[j + 3] = x, y, z, v
+
+
+def test_ldg_nc_v4_u32_on_int8_matrix():
+    """Flat element indexing of a 2-D int8 array: the weight layout the GEMV reads."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(-128, 128, (3, 96), dtype=np.int8)
+    out = cuda.to_device(np.zeros(3 * 96 // 4, np.uint32))
+    _ldg_int8_rows_kernel[1, 32](cuda.to_device(w), out)
+    np.testing.assert_array_equal(out.copy_to_host(), w.reshape(-1).view(np.uint32))
+
+
+@cuda.jit
+def _bits_kernel(i32, f32_out):
+    i = cuda.grid(1)
+    if i < i32.size:
+        f32_out[i] = ptx.i32_as_f32(i32[i])
+
+
+def test_i32_as_f32_reinterprets_bits():
+    ints = np.array([0, 1, -1, 0x4B400000, 0x4B400000 + 12345, 0x3F800000], np.int32)
+    out = cuda.to_device(np.zeros(ints.size, np.float32))
+    _bits_kernel[1, 32](cuda.to_device(ints), out)
+    np.testing.assert_array_equal(out.copy_to_host().view(np.int32), ints)
+
+
+@cuda.jit
+def _shfl_kernel(vi, vf, out_i, out_f):
+    lane = cuda.threadIdx.x
+    r = 0
+    for m in (1, 2, 16):                      # record three butterfly partners per lane
+        out_i[r * 32 + lane] = ptx.shfl_xor_i32(vi[lane], m)
+        out_f[r * 32 + lane] = ptx.shfl_xor_f32(vf[lane], m)
+        r += 1
+
+
+def test_shfl_xor_butterfly():
+    rng = np.random.default_rng(2)
+    vi = rng.integers(-1000, 1000, 32).astype(np.int32)
+    vf = rng.standard_normal(32).astype(np.float32)
+    oi, of = cuda.to_device(np.zeros(96, np.int32)), cuda.to_device(np.zeros(96, np.float32))
+    _shfl_kernel[1, 32](cuda.to_device(vi), cuda.to_device(vf), oi, of)
+    lanes = np.arange(32)
+    ref_i = np.concatenate([vi[lanes ^ m] for m in (1, 2, 16)])
+    ref_f = np.concatenate([vf[lanes ^ m] for m in (1, 2, 16)])
+    np.testing.assert_array_equal(oi.copy_to_host(), ref_i)
+    np.testing.assert_array_equal(of.copy_to_host(), ref_f)
+
+
+@cuda.jit
+def _mma_kernel(a_words, b_words, c, d):
+    """a_words: [16, 8] uint32 (A 16x32 int8 row-major), b_words: [8, 8] uint32 (B^T: 8 rows of 32 k)."""
+    lane = cuda.threadIdx.x
+    g, t = lane >> 2, lane & 3
+    d0, d1, d2, d3 = ptx.mma_s8_16832(
+        a_words[g, t], a_words[g + 8, t], a_words[g, t + 4], a_words[g + 8, t + 4],
+        b_words[g, t], b_words[g, t + 4],
+        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+    d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = d0, d1, d2, d3
+
+
+def test_mma_s8_16832_matches_int_matmul():
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (16, 32)).astype(np.int8)
+    bt = rng.integers(-128, 128, (8, 32)).astype(np.int8)     # B column-major = B^T row-major
+    a[0], bt[0] = -128, -128                                  # extreme products
+    c = rng.integers(-10**5, 10**5, (16, 8)).astype(np.int32)
+    ref = a.astype(np.int64) @ bt.astype(np.int64).T + c
+    d = cuda.to_device(np.zeros((16, 8), np.int32))
+    _mma_kernel[1, 32](cuda.to_device(a.view(np.uint32)), cuda.to_device(bt.view(np.uint32)),
+                       cuda.to_device(c), d)
+    np.testing.assert_array_equal(d.copy_to_host(), ref.astype(np.int32))
+
+
+@cuda.jit
+def _cp_async_kernel(src, out):
+    s_buf = cuda.shared.array(256, dtype=np.uint32, alignment=16)   # [64 chunks * 4] uint32
+    t = cuda.threadIdx.x
+    ptx.cp_async_16(s_buf, t * 4, src, (63 - t) * 4)                # reversed chunk order
+    ptx.cp_async_commit()
+    ptx.cp_async_wait_all()
+    cuda.syncthreads()
+    for j in range(4):
+        out[t * 4 + j] = s_buf[((t + 1) % 64) * 4 + j]              # read another thread's chunk
+
+
+@cuda.jit
+def _cp_async_int8_kernel(src, out):
+    """src: [4, 64] int8 -> out: [64] uint32 through a 2-D shared array [4, 16] of uint32."""
+    s_buf = cuda.shared.array((4, 16), dtype=np.uint32, alignment=16)
+    t = cuda.threadIdx.x                                            # 16 threads, one 16-byte chunk each
+    ptx.cp_async_16(s_buf, t * 4, src, t * 16)
+    ptx.cp_async_commit()
+    ptx.cp_async_wait_all()
+    cuda.syncthreads()
+    for j in range(4):
+        out[t * 4 + j] = s_buf[t // 4, (t % 4) * 4 + j]
+
+
+def test_cp_async_16_int8_source_2d_shared():
+    rng = np.random.default_rng(6)
+    src = rng.integers(-128, 128, (4, 64), dtype=np.int8)
+    out = cuda.to_device(np.zeros(64, np.uint32))
+    _cp_async_int8_kernel[1, 16](cuda.to_device(src), out)
+    np.testing.assert_array_equal(out.copy_to_host(), src.reshape(-1).view(np.uint32))
+
+
+def test_cp_async_16_global_to_shared():
+    rng = np.random.default_rng(4)
+    src = rng.integers(0, 2**32, 256, dtype=np.uint64).astype(np.uint32)
+    out = cuda.to_device(np.zeros(256, np.uint32))
+    _cp_async_kernel[1, 64](cuda.to_device(src), out)
+    chunks = src.reshape(64, 4)[::-1]
+    np.testing.assert_array_equal(out.copy_to_host().reshape(64, 4), np.roll(chunks, -1, axis=0))
+
+
+@cuda.jit
+def _ldmatrix_kernel(src, row_of_lane, out):
+    """src: [32, 4] uint32 rows; lane l points ldmatrix at row row_of_lane[l]; out: [32, 4] results."""
+    s_rows = cuda.shared.array((32, 4), dtype=np.uint32, alignment=16)
+    lane = cuda.threadIdx.x
+    for j in range(4):
+        s_rows[lane, j] = src[lane, j]
+    cuda.syncthreads()
+    r0, r1, r2, r3 = ptx.ldmatrix_x4(s_rows, row_of_lane[lane] * 4)
+    out[lane, 0], out[lane, 1], out[lane, 2], out[lane, 3] = r0, r1, r2, r3
+
+
+def test_ldmatrix_x4_fragment_layout():
+    """Lane l gets word l % 4 of the row that lane 8 j + l // 4 pointed at, for matrices j = 0..3."""
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 2**32, (32, 4), dtype=np.uint64).astype(np.uint32)
+    row_of_lane = rng.permutation(32).astype(np.int32)
+    out = cuda.to_device(np.zeros((32, 4), np.uint32))
+    _ldmatrix_kernel[1, 32](cuda.to_device(src), cuda.to_device(row_of_lane), out)
+    lanes = np.arange(32)
+    ref = np.stack([src[row_of_lane[8 * j + lanes // 4], lanes % 4] for j in range(4)], axis=1)
+    np.testing.assert_array_equal(out.copy_to_host(), ref)
