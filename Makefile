@@ -7,7 +7,7 @@ WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
 WHEEL_PLATFORM ?= x86_64
 MODEL_DIR ?= models
-BENCH_MODELS ?= 9b
+BENCH_MODELS ?=
 BENCH_ARGS ?=
 VENV := .venv
 
@@ -30,9 +30,9 @@ $(VENV)/.installed: pyproject.toml
 .setup-$(notdir $(PYTHON)).stamp: pyproject.toml
 	$(PY) -m pip install -q --no-build-isolation $(if $(OFFLINE),--no-index --find-links $(WHEELHOUSE)) -e ".[dev]" && touch $@
 
-# The main job: make the benchmark model(s) and run ours against llama.cpp (CPU reference on a tiny model without a GPU).
+# The main job: make the benchmark model(s) and run ours against llama.cpp (9b on a GPU; the CPU reference on a tiny model without one).
 bench: $(SETUP)
-	$(PY) -m ninfer_numba bench --models $(BENCH_MODELS) --model-dir $(MODEL_DIR) $(BENCH_ARGS)
+	$(PY) -m ninfer_numba bench $(if $(BENCH_MODELS),--models $(BENCH_MODELS)) --model-dir $(MODEL_DIR) $(BENCH_ARGS)
 
 # The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness; then kernels under the CUDA simulator.
 test: $(SETUP)
