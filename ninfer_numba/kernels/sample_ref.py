@@ -13,7 +13,7 @@ Semantics (the GPU kernels implement exactly these steps):
 3. Otherwise z = logits / temperature in float32. Tokens are ordered by z descending, ties by index ascending
    (-0.0 counts as +0.0). e_i = exp(z_i - z_max) in float64 (e of the best token is exactly 1).
 4. Keep the first k of that order (top_k; 0 or >= V keeps all). S_k = sum of their e.
-5. top_p < 1: keep the shortest prefix whose mass reaches top_p·S_k.
+5. top_p < 1 (as float32): keep the shortest prefix whose mass reaches top_p·S_k.
 6. min_p: keep tokens with e_i >= min_p, i.e. p_i >= min_p·p_max (a prefix of the order, e is monotone).
 7. The kept set is the shortest of the three prefixes (m tokens, mass F(m)); the token drawn is the first j in
    order with F(j) > u·F(m), where F(j) is the mass of the first j tokens and u in [0, 1) the uniform draw.
@@ -63,54 +63,91 @@ def apply_penalties_ref(logits: np.ndarray, counts: np.ndarray, repetition: floa
 
 
 @dataclass(frozen=True)
+class SortedMasses:
+    """The sampling order of one logits vector and its masses, shared by every draw from it."""
+    order: np.ndarray           # [V] int64 token ids, z descending, index ascending
+    e: np.ndarray               # [V] float64 exp(z - z_max) in that order (e[0] == 1)
+    c: np.ndarray               # [V] float64 prefix masses: c[j-1] = F(j), the mass of the first j tokens
+
+
+def sorted_masses(logits: np.ndarray, temperature: float) -> SortedMasses:
+    """logits: [V] float32 (already penalised), temperature > 0. Steps 3 of the module docstring."""
+    logits = np.asarray(logits, np.float32)
+    V = logits.shape[0]
+    z = (logits / np.float32(temperature)).astype(np.float32)
+    order = np.lexsort((np.arange(V), -z))                    # z descending, then index ascending
+    e = np.exp(z[order].astype(np.float64) - float(z[order[0]]))
+    return SortedMasses(order, e, np.cumsum(e))
+
+
+@dataclass(frozen=True)
 class SampleTrace:
     """The choice of ``sample_ref`` and how close each decision was to flipping.
 
-    Margins are relative: mass differences divided by the mass they are compared against. A kernel that sums
-    masses in another order (or in fixed point) can only disagree when a margin is below its rounding.
+    Margins are absolute, in mass units (the best token has mass 1), so that a kernel's rounding bound can be
+    compared with them directly: a kernel whose prefix masses and thresholds are each within B of the exact
+    ones can only choose differently when ``mass_margin < B``; one whose exp(z - z_max) is within D of NumPy's
+    only when ``min_p_margin < D``. A cut (top-p, min-p) that is not the one deciding the kept prefix counts
+    only as far as a rounding could make it decide.
     """
     token: int
+    pos: int                    # position of the token in the sampling order (0-based)
     n_kept: int                 # m: tokens left after top-k / top-p / min-p
-    pick_margin: float          # min |F(j) - u·F(m)| / F(m) over the two boundaries around the pick
-    top_p_margin: float         # min |F(j) - top_p·S_k| / S_k around the top-p cut (inf when inactive)
-    min_p_margin: float         # min |e_i - min_p| over all tokens (inf when min_p == 0)
+    target: float               # u·F(m): the pick is the first position j with F(j + 1) > target
+    pick_margin: float          # min |F(j) - target| over the two prefix masses around the pick
+    top_p_margin: float         # min |F(j) - top_p·F(k)| over the top-p decisions (inf when top_p == 1)
+    min_p_margin: float         # min |e_i - min_p| over the min-p decisions (inf when min_p == 0)
+    f_total: float              # F(V), the mass of the whole vocabulary
 
-    def margin(self) -> float:
-        return min(self.pick_margin, self.top_p_margin, self.min_p_margin)
+    def cut_ambiguous(self, mass_tol: float, e_tol: float) -> bool:
+        """The kept prefix m itself could differ under the given rounding bounds."""
+        return self.top_p_margin < mass_tol or self.min_p_margin < e_tol
+
+    def ambiguous(self, mass_tol: float, e_tol: float) -> bool:
+        return self.pick_margin < mass_tol or self.cut_ambiguous(mass_tol, e_tol)
+
+
+def select_sorted(sm: SortedMasses, top_k: int, top_p: float, min_p: float, u: float) -> SampleTrace:
+    """Steps 4-7 of the module docstring on precomputed masses; u in [0, 1)."""
+    c, e = sm.c, sm.e
+    V = c.shape[0]
+    inf = float("inf")
+    k = int(top_k) if 0 < top_k < V else V
+    m_p = m_min = V + 1
+    tp, mp = float(np.float32(top_p)), float(np.float32(min_p))    # the device holds float32 parameters
+    t_p = 0.0
+    if tp < 1.0:
+        t_p = tp * c[k - 1]
+        m_p = int(np.searchsorted(c[:k], t_p, side="left")) + 1    # first j with F(j) >= top_p·F(k)
+    if mp > 0.0:
+        m_min = int(np.count_nonzero(e >= mp))                     # e is non-increasing: a prefix
+    m = min(k, m_p, m_min)
+    f = lambda j: c[j - 1] if j > 0 else 0.0                       # noqa: E731  F(j), F(0) = 0
+    top_p_margin = inf
+    if m_p == m:                # deciding: either neighbouring prefix may cross top_p·F(k)
+        top_p_margin = min(abs(f(j) - t_p) for j in (m_p - 1, m_p))
+    elif m_p <= V:              # not deciding: F(m) < top_p·F(k) must stay below it
+        top_p_margin = t_p - f(m)
+    min_p_margin = inf
+    if m_min == m:
+        min_p_margin = min(abs(e[j] - mp) for j in (m_min - 1, m_min) if 0 <= j < V)
+    elif m_min <= V:
+        min_p_margin = e[m - 1] - mp
+    target = u * f(m)
+    j = int(np.searchsorted(c[:m], target, side="right"))         # first j (0-based) with F(j+1) > target
+    pick_margin = min(abs(c[i] - target) for i in (j - 1, j) if 0 <= i < m)
+    return SampleTrace(int(sm.order[j]), j, m, target, pick_margin, top_p_margin, min_p_margin, float(c[-1]))
 
 
 def sample_ref_detail(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
                       u: float) -> SampleTrace:
     """logits: [V] float32 (already penalised). See the module docstring for the exact steps."""
     logits = np.asarray(logits, np.float32)
-    V = logits.shape[0]
-    inf = float("inf")
     if temperature == 0.0:
-        return SampleTrace(int(np.argmax(logits)), 1, inf, inf, inf)
-    z = (logits / np.float32(temperature)).astype(np.float32)
-    order = np.lexsort((np.arange(V), -z))                    # z descending, then index ascending
-    e = np.exp(z[order].astype(np.float64) - float(z[order[0]]))
-    k = int(top_k) if 0 < top_k < V else V
-    c = np.cumsum(e[:k])                                      # c[j-1] = F(j), j = 1..k
-    s_k = c[-1]
-    m, top_p_margin = k, inf
-    if top_p < 1.0:
-        t = float(np.float32(top_p)) * s_k
-        m_p = int(np.searchsorted(c, t, side="left")) + 1     # first j with F(j) >= t
-        m = min(m, m_p)
-        near = [c[j] for j in (m_p - 2, m_p - 1) if 0 <= j < k]
-        top_p_margin = min(abs(x - t) for x in near) / s_k
-    min_p_margin = inf
-    if min_p > 0.0:
-        mp = float(np.float32(min_p))
-        m = min(m, int(np.count_nonzero(e >= mp)))
-        min_p_margin = float(np.min(np.abs(e - mp)))
-    f_m = c[m - 1]
-    target = u * f_m
-    j = int(np.searchsorted(c[:m], target, side="right"))     # first j (0-based) with F(j+1) > target
-    near = [c[i] for i in (j - 1, j) if 0 <= i < m]
-    pick_margin = min(abs(x - target) for x in near) / f_m
-    return SampleTrace(int(order[j]), m, pick_margin, top_p_margin, min_p_margin)
+        i = int(np.argmax(logits))
+        inf = float("inf")
+        return SampleTrace(i, 0, 1, 0.0, inf, inf, inf, 1.0)
+    return select_sorted(sorted_masses(logits, temperature), top_k, top_p, min_p, u)
 
 
 def sample_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, u: float) -> int:
@@ -120,18 +157,8 @@ def sample_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
 
 def kept_probs_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
     """[V] float64 probabilities of the truncated, renormalised distribution (for statistical checks)."""
-    logits = np.asarray(logits, np.float32)
-    V = logits.shape[0]
-    z = (logits / np.float32(temperature)).astype(np.float32)
-    order = np.lexsort((np.arange(V), -z))
-    e = np.exp(z[order].astype(np.float64) - float(z[order[0]]))
-    k = int(top_k) if 0 < top_k < V else V
-    c = np.cumsum(e[:k])
-    m = k
-    if top_p < 1.0:
-        m = min(m, int(np.searchsorted(c, float(np.float32(top_p)) * c[-1], side="left")) + 1)
-    if min_p > 0.0:
-        m = min(m, int(np.count_nonzero(e >= float(np.float32(min_p)))))
-    p = np.zeros(V)
-    p[order[:m]] = e[:m] / c[m - 1]
+    sm = sorted_masses(logits, temperature)
+    m = select_sorted(sm, top_k, top_p, min_p, 0.0).n_kept
+    p = np.zeros(sm.c.shape[0])
+    p[sm.order[:m]] = sm.e[:m] / sm.c[m - 1]
     return p

@@ -88,6 +88,7 @@ def _is_last_block(done, slot, s_flag):
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         ticket = cuda.atomic.add(done, slot, 1)
+        cuda.threadfence()          # acquire side: the block's later reads see what the other blocks wrote
         s_flag[0] = 1 if ticket == cuda.gridDim.x - 1 else 0
     cuda.syncthreads()
     return s_flag[0] == 1

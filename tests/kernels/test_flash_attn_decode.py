@@ -58,6 +58,18 @@ def test_decode_tiny(H, Hkv, d, kv_len, n_splits):
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
+@pytest.mark.parametrize("H,Hkv,d,kv_len,n_splits", [
+    (3, 1, 40, 113, 2), (6, 1, 32, 63, 1), (4, 2, 32, 17, 8), (4, 2, 256, 7, 2)],
+    ids=["L113-H3-HKV1-D40-ragged-steps", "L63-H6-HKV1-D32-2rows-per-step", "L17-H4-HKV2-D32-empty-splits",
+         "L7-H4-HKV2-D256-all-lanes"])
+def test_decode_tiny_awkward(H, Hkv, d, kv_len, n_splits):
+    """G = 3 and d = 40 (idle lanes), G = 6 (2-row steps) over many steps of one warp, splits left empty
+    by the rounding of the range to whole block steps, and d = 256 (every lane holds 8 dims)."""
+    _check_decode(H, Hkv, d, kv_len, n_splits, seed=1)
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
 def test_decode_tiny_f16_query():
     _check_decode(4, 2, 48, 9, 2, q_dtype=np.float16)
 

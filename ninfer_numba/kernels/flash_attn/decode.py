@@ -3,18 +3,24 @@
 One new query token. The cache [0, kv_len) of each KV head is cut into ``n_splits`` contiguous ranges;
 block (s, kh) reads range s of KV head kh once and serves all G = H/Hkv query heads of that head (GQA),
 so every cache byte is read once per step. Each block leaves an unnormalised partial output with its
-running max m and sum l (online softmax); the combine kernel rescales the partials of one query head by
-exp(m_s − M), sums, divides by Σ l_s·exp(m_s − M) and multiplies by σ(gate).
+running max m and sum l (online softmax, in the log2 domain: scores carry the factor log2(e)/√d, so
+p = 2^(x − m)); the combine kernel rescales the partials of one query head by 2^(m_s − M), sums, divides
+by Σ l_s·2^(m_s − M) and multiplies by σ(gate).
 
 kv_len is read from a device buffer, so one captured graph serves every step: the grid is fixed by
-n_splits, and each block derives its range from kv_len (ranges are rounded up to whole tiles of BK keys;
-blocks past the end return at once).
+n_splits, and each block derives its range from kv_len (ranges are rounded up to whole block steps of
+NW·R keys; blocks past the end return at once).
 
-Per tile of BK keys a block (1) copies the contiguous K tile [BK, d] into shared memory as float32,
-(2) computes the G×BK scores with each warp taking a quarter of d for all G heads (one K read feeds G
-FMAs; q·(1/√d) sits in shared memory and is read as a broadcast), (3) sums the quarters, (4) updates
-m, l per head, (5) accumulates p·V with each thread owning d/TPB output dims for all G heads in
-registers, reading V straight from global memory (consecutive threads read consecutive dims).
+The partial kernel streams the cache straight into registers, with no shared-memory staging and no
+barrier in the loop (the kernel is bound by HBM bandwidth: every byte is used once). A warp owns whole key
+rows: lane l holds dims [8l, 8l+8) of a row (one 16-byte non-coherent load per row and per K / V; d ≤ 256),
+and the lane's 8 dims of q·(1/√d) for the G heads sit in registers. Per step a warp takes R consecutive
+rows: it issues all 2R loads first (K and V, so 2R·16 bytes per lane are in flight), forms the R×G partial
+dot products, sums them over the 32 lanes with 5 xor-shuffles each (every lane then holds every score),
+updates its running (m, l) per head and rescales its accumulator, and adds p·V into its 8 dims × G
+heads. Warps keep independent online-softmax states; the block merges them through shared memory once at
+the end. Rows past the range are clamped to the last valid row (finite data, never out of bounds) and
+get probability 0.
 """
 from __future__ import annotations
 
@@ -24,149 +30,219 @@ from functools import lru_cache
 
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32
 
-DEC_TPB = 128                     # threads per block: 4 warps
-DEC_BK = 32                       # keys per tile
-DEC_WARPS = DEC_TPB // DEC_BK     # the d-slices of the score phase
-MAX_D = 256                       # K tile [BK, d+1] float32 must fit the 48 KiB of static shared memory
+DEC_WARPS = 4                     # warps per block of the partial kernel
+DEC_TPB = 32 * DEC_WARPS
+DEC_BLOCKS_PER_SM = 3             # launch bound: ≤ 170 registers per thread, so the loop runs without spills
+COMB_TPB = 128                    # threads per block of the combine kernel
+LANE_DIMS = 8                     # f16 dims per lane per row: one 16-byte load
+MAX_D = 32 * LANE_DIMS            # one row per warp: d ≤ 256, d a multiple of 8
 MAX_G = 8
 NEG_INF = -math.inf
+LOG2E = 1.4426950408889634
+
+
+def _rows_per_step(G: int) -> int:
+    """Rows a warp loads per step: 2R 16-byte loads in flight per lane, registers ≈ 8R + 16G + RG."""
+    return 4 if G <= 4 else 2
+
+
+# ---------------------------------------------------------------- f16 pair → two float32 -------------
+
+def _make_h2_to_f32():
+    if SIMULATOR:
+        @cuda.jit(device=True)
+        def h2_to_f32(w):
+            h = np.array([int(w) & 0xFFFFFFFF], np.uint32).view(np.float16).astype(np.float32)
+            return h[0], h[1]
+        return h2_to_f32
+
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    f32 = ir.FloatType()
+
+    @intrinsic
+    def h2_to_f32(typingctx, w):
+        """(low half, high half) of a uint32 holding two f16, each converted exactly to float32."""
+        ret = types.UniTuple(types.float32, 2)
+        sig = ret(w)
+
+        def codegen(context, builder, sig, args):
+            word = context.cast(builder, args[0], sig.args[0], types.uint32)
+            sty = ir.LiteralStructType([f32, f32])
+            asm = ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                   "cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
+            fn = ir.InlineAsm(ir.FunctionType(sty, [ir.IntType(32)]), asm, "=f,=f,r")
+            res = builder.call(fn, [word])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+        return sig, codegen
+    return h2_to_f32
+
+
+h2_to_f32 = _make_h2_to_f32()
 
 
 @cuda.jit(device=True)
-def split_range_len(kv_len, n_splits):
-    """Keys per split: ceil(kv_len / n_splits) rounded up to whole tiles (shared by both kernels)."""
+def split_range_len(kv_len, n_splits, step_rows):
+    """Keys per split: ceil(kv_len / n_splits) rounded up to whole block steps (shared by both kernels)."""
     per = (kv_len + n_splits - 1) // n_splits
-    return ((per + DEC_BK - 1) // DEC_BK) * DEC_BK
+    return ((per + step_rows - 1) // step_rows) * step_rows
 
 
 @lru_cache(maxsize=None)
-def _decode_kernels(H: int, Hkv: int, D: int):
+def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
     G = H // Hkv
-    KS = D + 1                                    # K tile row stride: odd, so lanes reading rows j hit distinct banks
-    DQ = (D + DEC_WARPS - 1) // DEC_WARPS         # dims per warp in the score phase
-    C = (D + DEC_TPB - 1) // DEC_TPB              # output dims per thread in the PV phase
-    scale = np.float32(1.0 / math.sqrt(D))
+    R = _rows_per_step(G)
+    STEP = DEC_WARPS * R                       # rows per block step; split lengths are multiples of it
+    NL = D // LANE_DIMS                        # lanes holding dims; lanes ≥ NL hold q = 0
+    scale = np.float32(LOG2E / math.sqrt(D))     # scores in the log2 domain: p = 2^(x − m)
     # shared and local array sizes must be compile-time constants: precompute them here
-    SQ, SK, SPART, SP, GC = G * D, DEC_BK * KS, DEC_WARPS * G * DEC_BK, G * DEC_BK, G * C
+    GL, RG, RW = G * LANE_DIMS, R * G, 4 * R
+    SO, SML = DEC_WARPS * G * D, DEC_WARPS * G * 2
+    occupancy = {} if SIMULATOR else {"launch_bounds": (DEC_TPB, DEC_BLOCKS_PER_SM)}
 
-    @cuda.jit
+    @cuda.jit(**occupancy)
     def partial_kernel(q, k_cache, v_cache, kv_len_buf, part_o, part_ml):
         s = cuda.blockIdx.x
         kh = cuda.blockIdx.y
         tid = cuda.threadIdx.x
+        w = tid // 32
+        lane = tid - 32 * w
         kv_len = kv_len_buf[0]
-        per = split_range_len(kv_len, cuda.gridDim.x)
+        per = split_range_len(kv_len, cuda.gridDim.x, STEP)
         j0 = s * per
         j1 = min(j0 + per, kv_len)
         if j0 >= j1:                              # whole block leaves together: no barrier is skipped
             return
-        s_q = cuda.shared.array(SQ, np.float32)            # [G, D] q·(1/√d) of the group's heads
-        s_k = cuda.shared.array(SK, np.float32)      # [BK, D+1] K tile
-        s_part = cuda.shared.array(SPART, np.float32)   # [WARPS, G, BK] partial scores
-        s_p = cuda.shared.array(SP, np.float32)       # [G, BK] scores, then probabilities
-        s_m = cuda.shared.array(G, np.float32)                # running max per head
-        s_l = cuda.shared.array(G, np.float32)                # running sum per head
-        s_alpha = cuda.shared.array(G, np.float32)            # rescale of the previous accumulators
-        for e in range(tid, SQ, DEC_TPB):
-            g = e // D
-            s_q[e] = np.float32(q[0, kh * G + g, e - g * D]) * scale
-        if tid < G:
-            s_m[tid] = NEG_INF
-            s_l[tid] = 0.0
-        acc = cuda.local.array(GC, np.float32)            # [G, C] this thread's output dims
-        for e in range(GC):
-            acc[e] = 0.0
-        part = cuda.local.array(G, np.float32)
-        w = tid // DEC_BK
-        jl = tid - w * DEC_BK
-        i_lo = w * DQ
-        i_hi = min(i_lo + DQ, D)
-        cuda.syncthreads()
-        for jt in range(j0, j1, DEC_BK):
-            nk = min(DEC_BK, j1 - jt)
-            for e in range(tid, DEC_BK * D, DEC_TPB):         # the tile is contiguous: coalesced reads
-                j = e // D
-                i = e - j * D
-                s_k[j * KS + i] = np.float32(k_cache[kh, jt + j, i]) if j < nk else np.float32(0.0)
-            cuda.syncthreads()
-            for g in range(G):
-                part[g] = 0.0
-            for i in range(i_lo, i_hi):
-                kv = s_k[jl * KS + i]
-                for g in range(G):
-                    part[g] += kv * s_q[g * D + i]
-            for g in range(G):
-                s_part[(w * G + g) * DEC_BK + jl] = part[g]
-            cuda.syncthreads()
-            for e in range(tid, SP, DEC_TPB):
-                g = e // DEC_BK
-                j = e - g * DEC_BK
-                sc = np.float32(0.0)
-                for ww in range(DEC_WARPS):
-                    sc += s_part[(ww * G + g) * DEC_BK + j]
-                s_p[e] = sc if j < nk else NEG_INF
-            cuda.syncthreads()
-            if tid < G:                                      # online softmax update, one thread per head
-                m_old = s_m[tid]
-                m_new = m_old
-                for j in range(nk):
-                    m_new = max(m_new, s_p[tid * DEC_BK + j])
-                l_new = np.float32(0.0)
-                for j in range(DEC_BK):
-                    p = math.exp(s_p[tid * DEC_BK + j] - m_new)
-                    s_p[tid * DEC_BK + j] = p
-                    l_new += p
-                alpha = math.exp(m_old - m_new)              # 0 on the first tile (m_old = -inf)
-                s_alpha[tid] = alpha
-                s_l[tid] = s_l[tid] * alpha + l_new
-                s_m[tid] = m_new
-            cuda.syncthreads()
-            for g in range(G):
-                a = s_alpha[g]
-                for c in range(C):
-                    acc[g * C + c] *= a
-            for j in range(nk):
-                for c in range(C):
-                    i = tid + c * DEC_TPB
-                    if i < D:
-                        v = np.float32(v_cache[kh, jt + j, i])
-                        for g in range(G):
-                            acc[g * C + c] += s_p[g * DEC_BK + j] * v
-            cuda.syncthreads()                               # the next tile overwrites s_k and s_p
+        max_seq = k_cache.shape[1]
+        c8 = LANE_DIMS * min(lane, NL - 1)        # idle lanes re-read the last chunk, with q = 0
+        row0 = kh * max_seq
+        qr = cuda.local.array(GL, np.float32)     # [G, 8] q·log2(e)/√d of this lane's dims
         for g in range(G):
-            for c in range(C):
-                i = tid + c * DEC_TPB
-                if i < D:
-                    part_o[s, kh * G + g, i] = acc[g * C + c]
-        if tid < G:
-            part_ml[s, kh * G + tid, 0] = s_m[tid]
-            part_ml[s, kh * G + tid, 1] = s_l[tid]
+            for i in range(LANE_DIMS):
+                qv = np.float32(q[0, kh * G + g, c8 + i]) * scale
+                qr[g * LANE_DIMS + i] = qv if lane < NL else np.float32(0.0)
+        acc = cuda.local.array(GL, np.float32)    # [G, 8] unnormalised Σ p·v of this lane's dims
+        for e in range(GL):
+            acc[e] = 0.0
+        m = cuda.local.array(G, np.float32)       # running max per head (same in every lane)
+        lsum = cuda.local.array(G, np.float32)    # running Σ p per head
+        for g in range(G):
+            m[g] = NEG_INF
+            lsum[g] = 0.0
+        kw = cuda.local.array(RW, np.uint32)      # [R, 4] words (8 f16) of K rows
+        vw = cuda.local.array(RW, np.uint32)      # [R, 4] words of V rows
+        sc = cuda.local.array(RG, np.float32)     # [R, G] scores, then probabilities
+        tmp = cuda.local.array(RG, np.float32)    # [R, G] partner lanes' partial scores
+        for base in range(j0 + w * R, j1, STEP):  # warp-uniform loop: shuffles see all 32 lanes
+            for r in range(R):                    # all loads first
+                off = (row0 + min(base + r, j1 - 1)) * D + c8
+                a0, a1, a2, a3 = ldg_nc_v4_u32(k_cache, off)
+                b0, b1, b2, b3 = ldg_nc_v4_u32(v_cache, off)
+                kw[4 * r], kw[4 * r + 1], kw[4 * r + 2], kw[4 * r + 3] = a0, a1, a2, a3
+                vw[4 * r], vw[4 * r + 1], vw[4 * r + 2], vw[4 * r + 3] = b0, b1, b2, b3
+            for e in range(RG):
+                sc[e] = 0.0
+            for r in range(R):
+                for t in range(4):
+                    lo, hi = h2_to_f32(kw[4 * r + t])
+                    for g in range(G):
+                        sc[r * G + g] += qr[g * LANE_DIMS + 2 * t] * lo
+                        sc[r * G + g] += qr[g * LANE_DIMS + 2 * t + 1] * hi
+            for lvl in range(5):                  # butterfly over the lanes, one level for all scores
+                mask = 16 >> lvl                  # at a time: RG independent shuffles issue back to back
+                for e in range(RG):
+                    tmp[e] = shfl_xor_f32(sc[e], mask)
+                for e in range(RG):
+                    sc[e] += tmp[e]
+            for r in range(R):                    # rows past the range (clamped loads) get p = 0
+                if base + r >= j1:
+                    for g in range(G):
+                        sc[r * G + g] = NEG_INF
+            for g in range(G):                    # online softmax, redundantly in every lane
+                m_new = m[g]
+                for r in range(R):
+                    m_new = max(m_new, sc[r * G + g])
+                alpha = math.exp2(m[g] - m_new)    # 0 on the first step (m = -inf); m_new is finite
+                m[g] = m_new
+                psum = np.float32(0.0)
+                for r in range(R):
+                    p = math.exp2(sc[r * G + g] - m_new)
+                    sc[r * G + g] = p
+                    psum += p
+                lsum[g] = lsum[g] * alpha + psum
+                for i in range(LANE_DIMS):
+                    acc[g * LANE_DIMS + i] *= alpha
+            for r in range(R):
+                for t in range(4):
+                    lo, hi = h2_to_f32(vw[4 * r + t])
+                    for g in range(G):
+                        p = sc[r * G + g]
+                        acc[g * LANE_DIMS + 2 * t] += p * lo
+                        acc[g * LANE_DIMS + 2 * t + 1] += p * hi
+        # merge the warps' states: M = max_w m_w, O = Σ_w O_w 2^(m_w − M), l = Σ_w l_w 2^(m_w − M)
+        s_o = cuda.shared.array(SO, np.float32)       # [WARPS, G, D] per-warp accumulators
+        s_ml = cuda.shared.array(SML, np.float32)     # [WARPS, G, 2] per-warp (m, l)
+        if lane < NL:
+            for g in range(G):
+                for i in range(LANE_DIMS):
+                    s_o[(w * G + g) * D + c8 + i] = acc[g * LANE_DIMS + i]
+        if lane == 0:
+            for g in range(G):
+                s_ml[(w * G + g) * 2] = m[g]
+                s_ml[(w * G + g) * 2 + 1] = lsum[g]
+        cuda.syncthreads()
+        for e in range(tid, G * D, DEC_TPB):
+            g = e // D
+            i = e - g * D
+            m_all = np.float32(NEG_INF)
+            for ww in range(DEC_WARPS):
+                m_all = max(m_all, s_ml[(ww * G + g) * 2])
+            o = np.float32(0.0)
+            l_all = np.float32(0.0)
+            for ww in range(DEC_WARPS):           # warps without rows: m = -inf, weight 0, O = l = 0
+                f = math.exp2(s_ml[(ww * G + g) * 2] - m_all)
+                o += s_o[(ww * G + g) * D + i] * f
+                l_all += s_ml[(ww * G + g) * 2 + 1] * f
+            part_o[s, kh * G + g, i] = o
+            if i == 0:
+                part_ml[s, kh * G + g, 0] = m_all
+                part_ml[s, kh * G + g, 1] = l_all
 
     @cuda.jit
     def combine_kernel(part_o, part_ml, kv_len_buf, proj, out):
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         kv_len = kv_len_buf[0]
-        n_splits = part_ml.shape[0]
-        per = split_range_len(kv_len, n_splits)
+        per = split_range_len(kv_len, n_splits, STEP)
         n_act = (kv_len + per - 1) // per                     # splits that ran (all others returned early)
+        s_m = cuda.shared.array(n_splits, np.float32)          # [n_splits] m_s, then weights 2^(m_s − M)
+        s_l = cuda.shared.array(n_splits, np.float32)          # [n_splits] l_s
+        for e in range(tid, n_act, COMB_TPB):
+            s_m[e] = part_ml[e, h, 0]
+            s_l[e] = part_ml[e, h, 1]
+        cuda.syncthreads()
         m_all = np.float32(NEG_INF)
-        for s in range(n_act):
-            m_all = max(m_all, part_ml[s, h, 0])
+        for e in range(n_act):
+            m_all = max(m_all, s_m[e])
+        cuda.syncthreads()                                     # every thread has read the maxima
+        for e in range(tid, n_act, COMB_TPB):
+            s_m[e] = math.exp2(s_m[e] - m_all)
+        cuda.syncthreads()
         l_all = np.float32(0.0)
-        for s in range(n_act):
-            l_all += part_ml[s, h, 1] * math.exp(part_ml[s, h, 0] - m_all)
+        for e in range(n_act):
+            l_all += s_l[e] * s_m[e]
         inv_l = np.float32(1.0) / l_all
-        for c in range(C):
-            i = tid + c * DEC_TPB
-            if i < D:
-                o = np.float32(0.0)
-                for s in range(n_act):
-                    o += part_o[s, h, i] * math.exp(part_ml[s, h, 0] - m_all)
-                gate = proj[0, 2 * D * h + D + i]
-                out[h * D + i] = o * inv_l / (np.float32(1.0) + math.exp(-gate))
+        for i in range(tid, D, COMB_TPB):
+            o = np.float32(0.0)
+            for e in range(n_act):
+                o += part_o[e, h, i] * s_m[e]
+            gate = proj[0, 2 * D * h + D + i]
+            out[h * D + i] = o * inv_l / (np.float32(1.0) + math.exp(-gate))
 
     return partial_kernel, combine_kernel
 
@@ -182,8 +258,9 @@ class DecodeWorkspace:
         return self.part_ml.shape[0]
 
 
-def alloc_decode_workspace(H: int, D: int, n_splits: int = 128) -> DecodeWorkspace:
-    """n_splits × Hkv blocks run per step; 128 splits × 4 KV heads keeps ~4 blocks on each of 132 SMs."""
+def alloc_decode_workspace(H: int, D: int, n_splits: int = 99) -> DecodeWorkspace:
+    """n_splits × Hkv blocks run per step; 99 splits × 4 KV heads = 396 blocks: one full wave of 3 blocks
+    (the launch bound) on each of the H200's 132 SMs, so no SM runs a second, partial wave."""
     return DecodeWorkspace(cuda.device_array((n_splits, H, D), np.float32),
                            cuda.device_array((n_splits, H, 2), np.float32))
 
@@ -201,9 +278,11 @@ def attention_decode(q, k_cache, v_cache, kv_len_buf, proj, out, workspace: Deco
     """
     H, D = q.shape[1], q.shape[2]
     Hkv = k_cache.shape[0]
-    if D > MAX_D or H % Hkv or H // Hkv > MAX_G:
-        raise ValueError(f"unsupported decode shape H={H} Hkv={Hkv} d={D} (d <= {MAX_D}, H/Hkv <= {MAX_G})")
-    partial_kernel, combine_kernel = _decode_kernels(H, Hkv, D)
-    partial_kernel[(workspace.n_splits, Hkv), DEC_TPB, stream](q, k_cache, v_cache, kv_len_buf,
-                                                               workspace.part_o, workspace.part_ml)
-    combine_kernel[H, DEC_TPB, stream](workspace.part_o, workspace.part_ml, kv_len_buf, proj, out)
+    if D > MAX_D or D % LANE_DIMS or H % Hkv or H // Hkv > MAX_G:
+        raise ValueError(f"unsupported decode shape H={H} Hkv={Hkv} d={D} "
+                         f"(d <= {MAX_D} and a multiple of {LANE_DIMS}, H/Hkv <= {MAX_G})")
+    n_splits = workspace.n_splits
+    partial_kernel, combine_kernel = _decode_kernels(H, Hkv, D, n_splits)
+    partial_kernel[(n_splits, Hkv), DEC_TPB, stream](q, k_cache, v_cache, kv_len_buf,
+                                                     workspace.part_o, workspace.part_ml)
+    combine_kernel[H, COMB_TPB, stream](workspace.part_o, workspace.part_ml, kv_len_buf, proj, out)
