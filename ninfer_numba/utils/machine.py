@@ -6,6 +6,8 @@ for its fields, never an exception, because the CPU-only machines that run the t
 """
 from __future__ import annotations
 
+import os
+
 import platform
 import re
 import shutil
@@ -73,7 +75,9 @@ def git_state(repo: Path = REPO_ROOT) -> dict:
     """Commit of HEAD and whether tracked files differ from it (untracked files, e.g. results/, do not count)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if commit is None:
-        return {"git_commit": None, "git_dirty": None}
+        # a copy of the tree without .git (a GPU machine reached by copying files): the caller may say which
+        # commit it is; dirtiness is then unknown
+        return {"git_commit": os.environ.get("NINFER_GIT_COMMIT") or None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"git_commit": commit.strip(), "git_dirty": None if status is None else bool(status.strip())}
 
