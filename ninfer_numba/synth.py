@@ -132,17 +132,8 @@ def _write_metadata(w: gguf.GGUFWriter, s: Shape, vocab: bool, name: str) -> Non
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if vocab:
-        from ninfer_numba.formats.qwen_vocab import qwen35_vocab_metadata
-        meta = qwen35_vocab_metadata(s.n_vocab)
-        w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-        w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-        w.add_token_list(meta["tokenizer.ggml.tokens"])
-        w.add_token_types(meta["tokenizer.ggml.token_type"])
-        w.add_token_merges(meta["tokenizer.ggml.merges"])
-        w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-        w.add_pad_token_id(meta["tokenizer.ggml.padding_token_id"])
-        w.add_add_bos_token(meta["tokenizer.ggml.add_bos_token"])
-        w.add_chat_template(meta["tokenizer.chat_template"])
+        from ninfer_numba.formats.qwen_vocab import add_tokenizer_kv, qwen35_vocab_metadata
+        add_tokenizer_kv(w, qwen35_vocab_metadata(s.n_vocab))
     else:
         w.add_tokenizer_model("none")
         w.add_vocab_size(s.n_vocab)
