@@ -34,13 +34,14 @@ $(VENV)/.installed: pyproject.toml
 bench: $(SETUP)
 	$(PY) -m ninfer_numba bench $(if $(BENCH_MODELS),--models $(BENCH_MODELS)) --model-dir $(MODEL_DIR) $(BENCH_ARGS)
 
-# The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness; then kernels under the CUDA simulator.
+# The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness; then kernels under the CUDA simulator
+# (two processes: the simulator runs one Python thread per CUDA thread, so it is CPU-bound).
 test: $(SETUP)
-	$(PY) -m pytest -q -m "not gpu and not cudasim" tests && NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -m cudasim tests
+	$(PY) -m pytest -q -m "not gpu and not cudasim" tests && NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n 2 -p no:benchmark -m cudasim tests
 
 # Only the kernel tests, under the CUDA simulator.
 test-cudasim: $(SETUP)
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -m cudasim tests
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n 2 -p no:benchmark -m cudasim tests
 
 # Full-size kernel and model tests on a CUDA GPU.
 test-gpu: $(SETUP)
