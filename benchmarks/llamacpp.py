@@ -19,13 +19,14 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+from ninfer_numba.utils.machine import cpu_name
 
 SDIST_REQUIREMENT = "llama-cpp-python==0.3.18"
 SDIST_NAME = "llama_cpp_python-0.3.18.tar.gz"
@@ -183,13 +184,7 @@ def cmake_flags(cuda_arch: str | None) -> list[str]:
 
 def host_cpu() -> str:
     """CPU model name: ggml's CPU code is compiled for the host (GGML_NATIVE), so a build belongs to one CPU."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def cache_key(digest: str, flags: list[str], host: str) -> str:
