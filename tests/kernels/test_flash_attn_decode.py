@@ -9,40 +9,19 @@ Cache rows at and past kv_len hold NaN, so reading any of them fails the test; t
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+from attn_cases import assert_gated_attention, attention_inputs, needs_gpu, needs_sim_or_gpu
+from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
-from ninfer_numba.kernels.flash_attn.ref import attention_ref, gate_ref
-
-U32 = 2.0 ** -24
-needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
-                                      reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU")
-needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
 
 
 def _check_decode(H, Hkv, d, kv_len, n_splits, q_dtype=np.float32, seed=0, max_seq=None):
-    rng = np.random.default_rng(seed)
-    max_seq = max_seq or kv_len + 5
-    q = rng.standard_normal((1, H, d)).astype(q_dtype)
-    k_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
-    v_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
-    k_cache[:, :kv_len] = rng.standard_normal((Hkv, kv_len, d))
-    v_cache[:, :kv_len] = rng.standard_normal((Hkv, kv_len, d))
-    proj = rng.standard_normal((1, 2 * d * H + 2 * d * Hkv)).astype(np.float32)
+    q, k_cache, v_cache, proj = attention_inputs(np.random.default_rng(seed), 1, H, Hkv, d, kv_len,
+                                                 max_seq or kv_len + 5, q_dtype)
     d_out = cuda.to_device(np.full(H * d, np.nan, np.float32))
     ws = alloc_decode_workspace(H, d, n_splits)
     attention_decode(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
                      cuda.to_device(np.array([kv_len], np.int32)), cuda.to_device(proj), d_out, ws)
-    out = d_out.copy_to_host()
-
-    k = k_cache[:, :kv_len].transpose(1, 0, 2).astype(np.float32)      # [L, Hkv, d]
-    v = v_cache[:, :kv_len].transpose(1, 0, 2).astype(np.float32)
-    o = attention_ref(q.astype(np.float32), k, v, np.array([kv_len - 1]))
-    gate = proj[:, :2 * d * H].reshape(1, H, 2, d)[:, :, 1]
-    ref = gate_ref(o, gate)[0].astype(np.float64)
-    rtol = 8 * d * U32
-    atol = rtol * np.abs(v).max()
-    err = np.abs(out - ref)
-    assert np.all(err <= atol + rtol * np.abs(ref)), f"max|Δ| {err.max():.3e} (atol {atol:.1e})"
+    assert_gated_attention(d_out.copy_to_host(), q, k_cache, v_cache, proj, [kv_len - 1], kv_len)
 
 
 @pytest.mark.cudasim

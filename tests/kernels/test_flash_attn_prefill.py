@@ -8,40 +8,18 @@ Cache rows at and past pos0+T hold NaN (reading one fails the test); the output 
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+from attn_cases import assert_gated_attention, attention_inputs, needs_gpu, needs_sim_or_gpu
+from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
-from ninfer_numba.kernels.flash_attn.ref import attention_ref, gate_ref
-
-U32 = 2.0 ** -24
-needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
-                                      reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU")
-needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
 
 
 def _check_prefill(T, H, Hkv, d, pos0, q_dtype=np.float32, seed=0):
-    rng = np.random.default_rng(seed)
     L = pos0 + T
-    max_seq = L + 7
-    q = rng.standard_normal((T, H, d)).astype(q_dtype)
-    k_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
-    v_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
-    k_cache[:, :L] = rng.standard_normal((Hkv, L, d))
-    v_cache[:, :L] = rng.standard_normal((Hkv, L, d))
-    proj = rng.standard_normal((T, 2 * d * H + 2 * d * Hkv)).astype(np.float32)
+    q, k_cache, v_cache, proj = attention_inputs(np.random.default_rng(seed), T, H, Hkv, d, L, L + 7, q_dtype)
     d_out = cuda.to_device(np.full((T, H * d), np.nan, np.float32))
     attention_prefill(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
                       cuda.to_device(np.array([pos0], np.int32)), cuda.to_device(proj), d_out)
-    out = d_out.copy_to_host()
-
-    k = k_cache[:, :L].transpose(1, 0, 2).astype(np.float32)           # [L, Hkv, d]
-    v = v_cache[:, :L].transpose(1, 0, 2).astype(np.float32)
-    o = attention_ref(q.astype(np.float32), k, v, pos0 + np.arange(T))
-    gate = proj[:, :2 * d * H].reshape(T, H, 2, d)[:, :, 1]
-    ref = gate_ref(o, gate).astype(np.float64)
-    rtol = 8 * d * U32
-    atol = rtol * np.abs(v).max()
-    err = np.abs(out - ref)
-    assert np.all(err <= atol + rtol * np.abs(ref)), f"max|Δ| {err.max():.3e} (atol {atol:.1e})"
+    assert_gated_attention(d_out.copy_to_host(), q, k_cache, v_cache, proj, pos0 + np.arange(T), L)
 
 
 @pytest.mark.cudasim
