@@ -66,39 +66,39 @@ class ReferenceModel:
         t, k = xq.shape
         return (xq.astype(np.float32).reshape(t, k // 32, 32) * xs[..., None]).reshape(t, k)
 
-    def _linear(self, name: str, h: np.ndarray) -> np.ndarray:
-        return self.w.matmul(name, self._act(h))
+    def _linear(self, h: np.ndarray, *names: str) -> np.ndarray:
+        """h [T, K] through the named matrices, outputs side by side [T, ΣN]: the row-fused projections of
+        model/gpu_weights.py (one activation quantization serves them all)."""
+        a = self._act(h)
+        if len(names) == 1:          # no concatenation copy: the output matrix's logits can be large
+            return self.w.matmul(names[0], a)
+        return np.concatenate([self.w.matmul(n, a) for n in names], axis=1)
 
     def _norm(self, name: str, x: np.ndarray) -> np.ndarray:
         return rmsnorm_ref(x, self.w.dense(name), self.config.rms_eps)
 
     def _attention(self, i: int, h: np.ndarray, st: ReferenceState) -> np.ndarray:
         c, b = self.config, f"blk.{i}."
-        a = self._act(h)
-        proj = np.concatenate([self.w.matmul(b + n, a) for n in ("attn_q.weight", "attn_k.weight",
-                                                                   "attn_v.weight")], axis=1)
+        proj = self._linear(h, b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
         o = attn_mixer_ref(proj, self.w.dense(b + "attn_q_norm.weight"), self.w.dense(b + "attn_k_norm.weight"),
                            st.k_cache[i], st.v_cache[i], st.pos, c.n_head, c.n_head_kv, c.head_dim, c.n_rot,
                            c.rope_base, c.rms_eps)
-        return self._linear(b + "attn_output.weight", o.astype(np.float32))
+        return self._linear(o.astype(np.float32), b + "attn_output.weight")
 
     def _gdn(self, i: int, h: np.ndarray, st: ReferenceState) -> np.ndarray:
         c, b = self.config, f"blk.{i}."
-        a = self._act(h)
-        proj = np.concatenate([self.w.matmul(b + n, a) for n in ("attn_qkv.weight", "attn_gate.weight",
-                                                                   "ssm_beta.weight", "ssm_alpha.weight")], axis=1)
+        proj = self._linear(h, b + "attn_qkv.weight", b + "attn_gate.weight", b + "ssm_beta.weight",
+                            b + "ssm_alpha.weight")
         y, st.conv[i], st.ssm[i] = gdn_mixer_ref(
             proj, self.w.dense(b + "ssm_conv1d.weight"), st.conv[i], self.w.dense(b + "ssm_a"),
             self.w.dense(b + "ssm_dt.bias"), self.w.dense(b + "ssm_norm.weight"), st.ssm[i],
             c.ssm_groups, c.ssm_heads, c.ssm_state, c.rms_eps, chunked=self.gdn_chunked)
-        return self._linear(b + "ssm_out.weight", y.astype(np.float32))
+        return self._linear(y.astype(np.float32), b + "ssm_out.weight")
 
     def _ffn(self, i: int, h: np.ndarray) -> np.ndarray:
         b = f"blk.{i}."
-        a = self._act(h)
-        gate = self.w.matmul(b + "ffn_gate.weight", a)
-        up = self.w.matmul(b + "ffn_up.weight", a)
-        return self._linear(b + "ffn_down.weight", (_silu(gate) * up).astype(np.float32))
+        gate, up = np.split(self._linear(h, b + "ffn_gate.weight", b + "ffn_up.weight"), 2, axis=1)
+        return self._linear((_silu(gate) * up).astype(np.float32), b + "ffn_down.weight")
 
     # -- forward -----------------------------------------------------------------------------------------
     def forward(self, tokens, st: ReferenceState, *, all_logits: bool = True) -> np.ndarray:
@@ -122,4 +122,4 @@ class ReferenceModel:
         if not all_logits:
             x = x[-1:]
         y = self._norm("output_norm.weight", x)
-        return self._linear(self.w.output_name, y)
+        return self._linear(y, self.w.output_name)
