@@ -62,14 +62,27 @@ class CudaRunner:
         else:
             self._graph.launch()
 
-    def _run_tokens(self, ids: np.ndarray, st: SequenceState, logits_rows: int = 1) -> None:
-        """Eager forward of ids in chunks of at most prefill_chunk tokens."""
+    def _run_tokens(self, ids: np.ndarray, st: SequenceState) -> None:
+        """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0]."""
         chunk = self.model.buf.t_max
         for s in range(0, len(ids), chunk):
             part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
             self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
-            rows = min(logits_rows, len(part)) if s + chunk >= len(ids) else 1
-            self.model.forward(len(part), st, logits_rows=rows)
+            self.model.forward(len(part), st)
+
+    def _set_token(self, token: int) -> None:
+        """The token the next replay embeds, through the pinned staging word."""
+        self._check_room(1)
+        self._host_tok[0] = token
+        self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
+
+    def _step_greedy(self) -> int:
+        """One replay; the argmax it wrote into tokens[0] is read back (4 bytes) and returned."""
+        self._replay()
+        self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
+        self.stream.synchronize()
+        self.state.host_pos += 1
+        return int(self._host_tok[0])
 
     def _check_room(self, n: int) -> None:
         if self.state.host_pos + n > self.max_seq:
@@ -85,23 +98,15 @@ class CudaRunner:
         return self.model.logits[0].copy_to_host(stream=self.stream)
 
     def decode(self, token: int) -> np.ndarray:
-        self._check_room(1)
-        self._host_tok[0] = token
-        self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
+        self._set_token(token)
         self._replay()
         self.state.host_pos += 1
         return self.model.logits[0].copy_to_host(stream=self.stream)
 
     def decode_greedy(self, token: int) -> int:
         """One graph replay; only the 4-byte token crosses to the host."""
-        self._check_room(1)
-        self._host_tok[0] = token
-        self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
-        self._replay()
-        self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
-        self.stream.synchronize()
-        self.state.host_pos += 1
-        return int(self._host_tok[0])
+        self._set_token(token)
+        return self._step_greedy()
 
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""
@@ -128,15 +133,11 @@ class CudaRunner:
     def timed_decode(self, first: int, n_gen: int) -> float:
         """n_gen graph replays; the host reads each sampled token before the next, as llama-bench does."""
         self._check_room(n_gen)
-        self._host_tok[0] = first
-        self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
+        self._set_token(first)
         start, stop = cuda.event(), cuda.event()
         start.record(self.stream)
         for _ in range(n_gen):
-            self._replay()
-            self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
-            self.stream.synchronize()
+            self._step_greedy()
         stop.record(self.stream)
         stop.synchronize()
-        self.state.host_pos += n_gen
         return cuda.event_elapsed_time(start, stop) / 1e3
