@@ -13,7 +13,7 @@ import numpy as np
 
 from ninfer_numba.config import EngineConfig
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
-from ninfer_numba.kernels.sample import SampleWorkspace, argmax
+from ninfer_numba.kernels.sample import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
@@ -21,6 +21,8 @@ from ninfer_numba.utils.timing import CudaGraph
 
 
 class CudaRunner:
+    supports_device_sampling = True
+
     def __init__(self, weights: ModelWeights, engine: EngineConfig, *, log=None) -> None:
         check_numba_cuda()
         cuda.select_device(engine.device)
@@ -32,35 +34,51 @@ class CudaRunner:
         self.max_seq = engine.max_seq
         self._host_tok = cuda.pinned_array(1, np.int32)
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
+        self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
+        self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
         t0 = time.perf_counter()
         scratch = SequenceState(self.config, 8, self.stream)
         scratch.reset(self.stream)
         self._run_tokens(np.array([1, 2], np.int32), scratch)       # prefill path (t > 1)
         self._run_tokens(np.array([3], np.int32), scratch)          # decode path (t == 1)
-        argmax(self.model.logits[0], self.model.buf.tokens[:1], self.sample_ws, stream=self.stream)
+        self._pick_kernels(sampled=False)
+        # every sampler kernel compiles here: a draw with all truncations on runs each select level
+        self.sample_params.copy_to_device(pack_sample_params(1.0, 40, 0.9, 0.01, seed=0), stream=self.stream)
+        self._pick_kernels(sampled=True)
         self.stream.synchronize()
         del scratch
         self.state = SequenceState(self.config, self.max_seq, self.stream)
         self.state.reset(self.stream)
         # the CUDA simulator has no graphs: there the "replay" runs the same launches eagerly
-        self._graph = None if SIMULATOR else CudaGraph(self.stream)
-        if self._graph is not None:
-            with self._graph.capture():
-                self._decode_step_kernels()
+        self._graphs = {}
+        for sampled in ((False, True) if not SIMULATOR else ()):
+            self._graphs[sampled] = CudaGraph(self.stream)
+            with self._graphs[sampled].capture():
+                self._decode_step_kernels(sampled)
         self.stream.synchronize()
         self.compile_seconds = time.perf_counter() - t0
 
     # -- building blocks -------------------------------------------------------------------------------
-    def _decode_step_kernels(self) -> None:
-        """One token: forward, then argmax into tokens[0] so the next replay embeds the greedy choice."""
-        self.model.forward(1, self.state)
-        argmax(self.model.logits[0], self.model.buf.tokens[:1], self.sample_ws, stream=self.stream)
-
-    def _replay(self) -> None:
-        if self._graph is None:
-            self._decode_step_kernels()
+    def _pick_kernels(self, sampled: bool) -> None:
+        """logits[0] -> tokens[0], where the next step's embedding gather reads it."""
+        logits, tok = self.model.logits[0], self.model.buf.tokens[:1]
+        if sampled:
+            sample(logits, self.penalty_counts, self.sample_params, tok, self.sample_ws, stream=self.stream)
+            update_counts(self.penalty_counts, tok, stream=self.stream)
         else:
-            self._graph.launch()
+            argmax(logits, tok, self.sample_ws, stream=self.stream)
+
+    def _decode_step_kernels(self, sampled: bool) -> None:
+        """One token: forward, then the choice written into tokens[0] so the next replay embeds it."""
+        self.model.forward(1, self.state)
+        self._pick_kernels(sampled)
+
+    def _replay(self, sampled: bool = False) -> None:
+        graph = self._graphs.get(sampled)
+        if graph is None:               # the CUDA simulator has no graphs: the same launches, eagerly
+            self._decode_step_kernels(sampled)
+        else:
+            graph.launch()
 
     def _run_tokens(self, ids: np.ndarray, st: SequenceState) -> None:
         """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0]."""
@@ -76,13 +94,16 @@ class CudaRunner:
         self._host_tok[0] = token
         self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
 
-    def _step_greedy(self) -> int:
-        """One replay; the argmax it wrote into tokens[0] is read back (4 bytes) and returned."""
-        self._replay()
+    def _read_token(self) -> int:
         self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
         self.stream.synchronize()
-        self.state.host_pos += 1
         return int(self._host_tok[0])
+
+    def _step(self, sampled: bool = False) -> int:
+        """One replay; the token it wrote into tokens[0] is read back (4 bytes) and returned."""
+        self._replay(sampled)
+        self.state.host_pos += 1
+        return self._read_token()
 
     def _check_room(self, n: int) -> None:
         if self.state.host_pos + n > self.max_seq:
@@ -106,7 +127,25 @@ class CudaRunner:
     def decode_greedy(self, token: int) -> int:
         """One graph replay; only the 4-byte token crosses to the host."""
         self._set_token(token)
-        return self._step_greedy()
+        return self._step()
+
+    def start_sampling(self, window: np.ndarray, params: dict) -> None:
+        """Load one request's penalty window ([V] int32 counts) and sampler settings (pack_sample_params
+        keywords, draw counter included) for prefill_sampled / decode_sampled."""
+        self.penalty_counts.copy_to_device(np.ascontiguousarray(window, np.int32), stream=self.stream)
+        self.sample_params.copy_to_device(pack_sample_params(**params), stream=self.stream)
+
+    def prefill_sampled(self, ids: list[int]) -> int:
+        """Run the prompt and draw the first token on the device."""
+        self._check_room(len(ids))
+        self._run_tokens(np.asarray(ids, np.int32), self.state)
+        self._pick_kernels(sampled=True)
+        return self._read_token()
+
+    def decode_sampled(self, token: int) -> int:
+        """One replay of the sampling graph; only the 4-byte token crosses to the host."""
+        self._set_token(token)
+        return self._step(sampled=True)
 
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""
@@ -137,7 +176,7 @@ class CudaRunner:
         start, stop = cuda.event(), cuda.event()
         start.record(self.stream)
         for _ in range(n_gen):
-            self._step_greedy()
+            self._step()
         stop.record(self.stream)
         stop.synchronize()
         return cuda.event_elapsed_time(start, stop) / 1e3

@@ -101,15 +101,38 @@ class LLM:
             return
         stops = self.stop_ids(params)
         sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids)
-        # plain greedy needs no logits on the host: the runner picks the argmax where the logits live
-        on_device = sampler.is_plain_greedy
-        self.runner.reset()
-        tok = sampler.pick(self.runner.prefill(ids))
+        step = self._token_steps(sampler, ids)
+        tok = next(step)
         for n in range(params.max_tokens):
             yield tok
             if tok in stops or n + 1 == params.max_tokens:
                 return
-            tok = self.runner.decode_greedy(tok) if on_device else sampler.pick(self.runner.decode(tok))
+            tok = step.send(tok)
+
+    def _token_steps(self, sampler: Sampler, ids: list[int]) -> Iterator[int]:
+        """Generator: yields the first token after the prompt, then one token per token sent in.
+
+        Where the logits live decides who picks: plain greedy is the device argmax; other settings run the
+        device sampler when the runner has one and a single penalty window fits (engine/sampling.py); the
+        rest pick on the host from logits copied back.
+        """
+        r = self.runner
+        r.reset()
+        window = sampler.device_window() if getattr(r, "supports_device_sampling", False) else None
+        if sampler.is_plain_greedy:
+            tok = sampler.pick(r.prefill(ids))
+            while True:
+                tok = r.decode_greedy((yield tok))
+        elif window is not None:
+            r.start_sampling(window, sampler.device_params())
+            tok = r.prefill_sampled(ids)
+            while True:
+                sampler.record(tok)
+                tok = r.decode_sampled((yield tok))
+        else:
+            tok = sampler.pick(r.prefill(ids))
+            while True:
+                tok = sampler.pick(r.decode((yield tok)))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
         params = params or SamplingParams()

@@ -1,63 +1,80 @@
-"""Host-side token selection for the CPU backend: penalties, temperature, top-k, top-p, min-p, seeded.
+"""Token selection state of one request: penalty windows, the seeded draw counter, and the host pick.
 
 Penalty windows follow vLLM: presence and frequency penalties count generated tokens only; the repetition
 penalty (llama.cpp's rule: positive logits divided, negative multiplied) applies to every token seen in the
 prompt or the output. Greedy (temperature 0) takes the lowest index among equal maxima.
+
+The arithmetic is that of kernels/sample_ref.py, which the device sampler (kernels/sample.py) implements
+step for step, and draw number n of a request is philox_uniform(seed, n) on both sides: the CPU backend and
+the device sampler choose the same token from the same logits. The device kernels read one penalty window;
+``device_window`` gives it whenever that single window reproduces the two above (always, unless both a
+repetition penalty and a presence/frequency penalty are set), and None otherwise: the host then picks.
 """
 from __future__ import annotations
 
+import secrets
 from typing import Sequence
 
 import numpy as np
 
 from ninfer_numba.config import SamplingParams
+from ninfer_numba.kernels.sample_ref import apply_penalties_ref, philox_uniform, sample_ref
 
 
 class Sampler:
     def __init__(self, params: SamplingParams, n_vocab: int, prompt_ids: Sequence[int] = ()) -> None:
         self.p = params
-        self.counts = np.zeros(n_vocab, np.int32)          # generated-token counts
-        self.seen = np.zeros(n_vocab, bool)                # prompt or generated
-        self.seen[np.asarray(prompt_ids, dtype=np.int64)] = True
-        self.rng = np.random.default_rng(params.seed)
+        self.seed = int(params.seed) & (2 ** 64 - 1) if params.seed is not None else secrets.randbits(64)
+        self.step = 0                                       # draws so far (the philox counter)
+        self.counts = np.zeros(n_vocab, np.int32)           # [V] generated-token counts
+        self.seen = np.zeros(n_vocab, np.int32)             # [V] 1 where seen in the prompt or the output
+        self.seen[np.asarray(prompt_ids, dtype=np.int64)] = 1
+
+    @property
+    def has_repetition(self) -> bool:
+        return self.p.repetition_penalty != 1.0
+
+    @property
+    def has_presence_frequency(self) -> bool:
+        return bool(self.p.presence_penalty or self.p.frequency_penalty)
 
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy with no penalty: the choice is the argmax of the raw logits."""
-        p = self.p
-        return p.greedy and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+        return self.p.greedy and not self.has_repetition and not self.has_presence_frequency
 
-    def _penalised(self, logits: np.ndarray) -> np.ndarray:
+    def device_window(self) -> np.ndarray | None:
+        """[V] int32 counts for the device kernels' single penalty window, or None when no single one fits."""
+        if self.has_repetition and self.has_presence_frequency:
+            return None
+        return (self.seen if self.has_repetition else self.counts).copy()
+
+    def device_params(self) -> dict:
+        """Keyword arguments of kernels.sample.pack_sample_params for the next draw."""
         p = self.p
-        x = logits.astype(np.float32, copy=True)
-        if p.repetition_penalty != 1.0:
-            m = self.seen
-            x[m] = np.where(x[m] > 0, x[m] / p.repetition_penalty, x[m] * p.repetition_penalty)
-        if p.presence_penalty or p.frequency_penalty:
-            x -= p.presence_penalty * (self.counts > 0) + p.frequency_penalty * self.counts
+        return dict(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+                    repetition=p.repetition_penalty, presence=p.presence_penalty,
+                    frequency=p.frequency_penalty, seed=self.seed, step=self.step)
+
+    def penalised(self, logits: np.ndarray) -> np.ndarray:
+        p = self.p
+        x = np.asarray(logits, np.float32).reshape(-1)
+        if self.has_repetition:
+            x = apply_penalties_ref(x, self.seen, repetition=p.repetition_penalty)
+        if self.has_presence_frequency:
+            x = apply_penalties_ref(x, self.counts, presence=p.presence_penalty, frequency=p.frequency_penalty)
         return x
 
     def pick(self, logits: np.ndarray) -> int:
-        x = self._penalised(np.asarray(logits).reshape(-1))
-        tok = int(np.argmax(x)) if self.p.greedy else self._sample(x)
-        self.counts[tok] += 1
-        self.seen[tok] = True
+        """Choose from ``logits`` [V] on the host and record the choice."""
+        p = self.p
+        u = philox_uniform(self.seed, self.step)
+        tok = sample_ref(self.penalised(logits), p.temperature, p.top_k, p.top_p, p.min_p, u)
+        self.record(tok)
         return tok
 
-    def _sample(self, x: np.ndarray) -> int:
-        p = self.p
-        x = x.astype(np.float64) / p.temperature
-        order = np.argsort(-x, kind="stable")              # descending, ties by index
-        if p.top_k:
-            order = order[: p.top_k]
-        probs = np.exp(x[order] - x[order[0]])
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            order, probs = order[:keep], probs[:keep]
-        if p.min_p > 0.0:
-            m = probs >= p.min_p * probs[0]
-            order, probs = order[m], probs[m]
-        probs /= probs.sum()
-        return int(order[min(int(np.searchsorted(np.cumsum(probs), self.rng.random(), side="right")),
-                             len(order) - 1)])
+    def record(self, tok: int) -> None:
+        """Account for a token chosen here or on the device."""
+        self.step += 1
+        self.counts[tok] += 1
+        self.seen[tok] = 1
