@@ -6,10 +6,16 @@ GPU: logits at every prompt position (prefill path, all rows) and at each of ``g
 (graph-replayed decode path). Reference: one teacher-forced forward over prompt + generated tokens (the
 model is causal, so position i's logits depend only on tokens ≤ i), once emulating the kernels' int8
 activation quantization and once in float. Reports ‖gpu − ref‖/‖ref‖, top-1 agreement per position, and
-whether the greedy tokens equal the reference's argmax at each step. PASS needs either the strict criterion
-(< 5e-3 against the int8-emulating reference, ≥ 99% top-1, identical greedy tokens) or the same-precision
-oracle (distance to the float reference ≤ 2× the int8-emulating reference's own): random synthetic models
-amplify any int8 rounding flip through the layers, so on them only the oracle is attainable.
+whether the greedy tokens equal the reference's argmax at each step.
+
+Then layer by layer (model/layer_check.py): every int8-emulating reference layer fed the GPU's own input,
+over the same prompt + greedy tokens, prefill and decode kernels both.
+
+PASS needs either the strict end-to-end criterion (< 5e-3 against the int8-emulating reference, ≥ 99%
+top-1, identical greedy tokens), or both the same-precision oracle (distance to the float reference ≤ 2×
+the int8-emulating reference's own) and the layer-local bound (every layer and the head within 5e-3 of the
+int8-emulating reference fed the GPU's input): int8 rounding flips cascade through the layers (see
+model/layer_check.py), so end to end only the oracle is attainable on random synthetic models.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-float", action="store_true", help="skip the float (non-emulating) reference")
+    ap.add_argument("--skip-layers", action="store_true", help="skip the layer-by-layer comparison")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
     from ninfer_numba.model.reference import ReferenceModel
@@ -81,6 +88,15 @@ def main(argv=None) -> int:
     if "float" in refs:
         # same-precision oracle: the int8-emulating reference's own distance to the float reference
         report["int8_reference_vs_float"] = _compare(refs["int8_emulating"], refs["float"])
+    if not a.skip_layers:
+        from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
+        t1 = time.perf_counter()
+        streams, logits, local_toks = gpu_residual_streams(llm.runner, ids, a.gen)
+        local = compare_layers(llm.weights, streams, logits)
+        local["greedy_tokens_equal_graph_path"] = local_toks == toks
+        local["seconds"] = time.perf_counter() - t1
+        report["layer_local"] = local
+        log("layer_local: " + json.dumps({k: v for k, v in local.items() if k != "layers"}))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
@@ -88,10 +104,14 @@ def main(argv=None) -> int:
         report["int8_emulating"]["all"]["top1_agreement"] >= 0.99 and report["int8_emulating"]["greedy_tokens_identical"]
     base = report.get("int8_reference_vs_float")
     oracle = base is not None and report["float"]["all"]["rel_error"] <= 2 * base["rel_error"]
-    report["strict_int8_criterion"], report["same_precision_oracle"] = strict, oracle
-    ok = strict or oracle
-    print(("PASS" if ok else "FAIL") + f" {a.model}: strict={strict} oracle={oracle} " +
-          json.dumps({k: report.get(k) for k in ("int8_emulating", "float", "int8_reference_vs_float")}))
+    loc = report.get("layer_local")
+    local_ok = loc is not None and loc["max_rel"] < 5e-3 and loc["head_rel"] < 5e-3
+    report["strict_int8_criterion"], report["same_precision_oracle"], report["layer_local_ok"] = \
+        strict, oracle, local_ok
+    ok = strict or (oracle and local_ok)
+    print(("PASS" if ok else "FAIL") + f" {a.model}: strict={strict} oracle={oracle} layer_local={local_ok} " +
+          json.dumps({k: report.get(k) for k in ("int8_emulating", "float", "int8_reference_vs_float")}) +
+          (" layer_local " + json.dumps({k: v for k, v in loc.items() if k != "layers"}) if loc else ""))
     return 0 if ok else 1
 
 

@@ -109,13 +109,18 @@ class Qwen35Gpu:
             gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=self.gemm_path, stream=self.stream)
 
     # -- one forward over the tokens already in buf.tokens[:t] ----------------------------------------
-    def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1) -> None:
-        """Run t tokens (buf.tokens[:t]) at st.pos; the last ``logits_rows`` rows' logits land in self.logits."""
+    def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1, tap=None) -> None:
+        """Run t tokens (buf.tokens[:t]) at st.pos; the last ``logits_rows`` rows' logits land in self.logits.
+
+        tap(i, x): called with the residual stream x [t, n_embd] (device) after the embedding (i = -1) and
+        after each layer i, for layer-by-layer checks; eager forwards only (never under graph capture)."""
         c, b, s = self.c, self.buf, self.stream
         position.set_kv_len(st.pos, st.kv_len, t, stream=s)
         x = b.mat(b.x, t, c.n_embd)
         embed_gather_q8(self.w.token_embd.wq, self.w.token_embd.ws, b.tokens[:t], x, stream=s)
-        for L in self.w.layers:
+        if tap is not None:
+            tap(-1, x)
+        for i, L in enumerate(self.w.layers):
             xq, xs = b.act(t, c.n_embd)
             rmsnorm_quant(x, L.attn_norm, c.rms_eps, xq, xs, stream=s)
             if L.is_attention:
@@ -132,6 +137,8 @@ class Qwen35Gpu:
             hq, hs = b.act(t, c.n_ff)
             silu_mul_quant(gu, hq, hs, stream=s)
             self._matmul(L.w_down, hq, hs, x, accumulate=True)
+            if tap is not None:
+                tap(i, x)
         r = logits_rows
         oq, os_ = b.act(r, c.n_embd)
         rmsnorm_quant(x[t - r:], self.w.output_norm, c.rms_eps, oq, os_, stream=s)

@@ -113,13 +113,19 @@ class ReferenceModel:
             raise ValueError(f"token ids must be in [0, {self.config.n_vocab})")
         x = self.w.embed(tokens)                                         # [T, n_embd] residual stream
         for i in range(self.config.n_layer):
-            h = self._norm(f"blk.{i}.attn_norm.weight", x)
-            mix = self._attention if self.config.is_attention_layer(i) else self._gdn
-            x = x + mix(i, h, st)
-            h = self._norm(f"blk.{i}.post_attention_norm.weight", x)
-            x = x + self._ffn(i, h)
+            x = self.layer(i, x, st)
         st.pos += t
-        if not all_logits:
-            x = x[-1:]
-        y = self._norm("output_norm.weight", x)
-        return self._linear(y, self.w.output_name)
+        return self.head(x if all_logits else x[-1:])
+
+    def layer(self, i: int, x: np.ndarray, st: ReferenceState) -> np.ndarray:
+        """Residual stream [T, n_embd] into layer i -> out of it, for tokens at st.pos onwards (st.pos is
+        advanced by the caller once all layers ran)."""
+        h = self._norm(f"blk.{i}.attn_norm.weight", x)
+        mix = self._attention if self.config.is_attention_layer(i) else self._gdn
+        x = x + mix(i, h, st)
+        h = self._norm(f"blk.{i}.post_attention_norm.weight", x)
+        return x + self._ffn(i, h)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """Final residual stream [T, n_embd] -> logits [T, V]."""
+        return self._linear(self._norm("output_norm.weight", x), self.w.output_name)

@@ -75,3 +75,18 @@ def test_device_sampling_matches_host_sampler(tmp_path, cfg):
         toks.append(host.pick(llm.runner.decode(toks[-1])))
     assert device == toks
     assert len(set(toks)) > 1
+
+
+@pytest.mark.gpu
+def test_gpu_layers_match_reference_layers(tmp_path):
+    """Each layer and the head, fed the GPU's own input, within 5e-3 of the int8-emulating reference."""
+    from ninfer_numba import LLM
+    from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32)
+    prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()
+    streams, logits, toks = gpu_residual_streams(llm.runner, prompt, 8)
+    assert len(streams) == SPEC.n_layer + 1 and streams[0].shape == (78, SPEC.n_embd) and len(toks) == 8
+    r = compare_layers(llm.weights, streams, logits)
+    assert r["max_rel"] < 5e-3 and r["head_rel"] < 5e-3, r

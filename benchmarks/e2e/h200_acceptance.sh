@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The acceptance runs on one H200, in three device calls (each under 10 minutes; run them back to back so
+# the machine, the llama.cpp build and the model files stay):
+#   STAGE=1: offline install, llama.cpp build + both 9b files in the background, whole-model GPU tests,
+#            FlashAttention prefill at 8K/32K, 9b against the reference (end to end and layer by layer)
+#   STAGE=2: streamed chat through the openai client against `ninfer serve` (9b with vocabulary), then
+#            `make bench` with its defaults (both engines, synthetic 9b)
+#   STAGE=3: 27b: make the file, prefill and decode through the harness (our engine), the GPU test suite
+# Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha bash benchmarks/e2e/h200_acceptance.sh
+set -u
+OUT=${OUT:-results/session}; mkdir -p "$OUT" models
+export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
+say "setup done"
+case "${STAGE:-1}" in
+1)
+  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
+  build=$!
+  [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
+    > "$OUT/make_9b.log" 2>&1 &
+  gen=$!
+  [ -f models/q35-9b-chat.gguf ] || python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-chat.gguf \
+    > "$OUT/make_9b_chat.log" 2>&1 &
+  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-300 | head -20
+  timeout 150 python3 -m benchmarks.kernels.bench_attn --mma --only prefill --prefill-lengths 8192,32768 \
+    > "$OUT/bench_attn_prefill_32k.log" 2>&1
+  say "attention prefill:"; tail -8 "$OUT/bench_attn_prefill_32k.log"
+  wait $gen; say "9b file: $(ls -la models/q35-9b.gguf)"
+  timeout 330 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-9b.gguf --out "$OUT/e2e_9b.json" \
+    > "$OUT/e2e_9b.log" 2>&1
+  say "9b vs reference:"; tail -3 "$OUT/e2e_9b.log" | cut -c1-2500
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
+  ;;
+2)
+  timeout 240 python3 -m benchmarks.e2e.server_stream --model models/q35-9b-chat.gguf --out "$OUT/server_stream_9b.json" \
+    > "$OUT/server_stream.log" 2>&1
+  say "server:"; tail -1 "$OUT/server_stream.log"
+  rm -f models/q35-9b-chat.gguf
+  timeout 420 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench" > "$OUT/make_bench.log" 2>&1
+  say "make bench exit $?"; grep -v "^WARNING" "$OUT/make_bench.log" | tail -30
+  ;;
+3)
+  rm -f models/q35-9b-chat.gguf
+  timeout 330 python3 -m ninfer_numba bench --models 27b --tests pp512,pp2048,tg128 --reps 3 --skip-llamacpp \
+    --out "$OUT/bench27" > "$OUT/bench_27b.log" 2>&1
+  say "27b exit $?"; grep -v "^WARNING" "$OUT/bench_27b.log" | tail -15
+  timeout 200 python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider > "$OUT/test_gpu_all.log" 2>&1
+  say "GPU suite: $(tail -1 "$OUT/test_gpu_all.log")"; grep "^FAILED" "$OUT/test_gpu_all.log" | cut -c1-200 | head
+  ;;
+esac
