@@ -72,12 +72,16 @@ def package_versions() -> dict:
 
 
 def git_state(repo: Path = REPO_ROOT) -> dict:
-    """Commit of HEAD and whether tracked files differ from it (untracked files, e.g. results/, do not count)."""
+    """Commit of HEAD and whether tracked files differ from it (untracked files, e.g. results/, do not count).
+
+    NINFER_GIT_COMMIT, when set, names the commit and wins: a copy of the tree sent to a GPU machine may have
+    no .git, or a stale one that does not describe the files; dirtiness is then unknown."""
+    named = os.environ.get("NINFER_GIT_COMMIT")
+    if named:
+        return {"git_commit": named, "git_dirty": None}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if commit is None:
-        # a copy of the tree without .git (a GPU machine reached by copying files): the caller may say which
-        # commit it is; dirtiness is then unknown
-        return {"git_commit": os.environ.get("NINFER_GIT_COMMIT") or None, "git_dirty": None}
+        return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"git_commit": commit.strip(), "git_dirty": None if status is None else bool(status.strip())}
 
