@@ -6,6 +6,8 @@
 #   STAGE=2: streamed chat through the openai client against `ninfer serve` (9b with vocabulary), then
 #            `make bench` with its defaults (both engines, synthetic 9b)
 #   STAGE=3: 27b: make the file, prefill and decode through the harness (our engine), the GPU test suite
+#   STAGE=4: (a fresh machine) whole-model GPU tests, the server again, llama.cpp as a logits oracle on the
+#            9b and 0.8b files, 0.8b against the reference
 # Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha bash benchmarks/e2e/h200_acceptance.sh
 set -u
 OUT=${OUT:-results/session}; mkdir -p "$OUT" models
@@ -48,5 +50,30 @@ case "${STAGE:-1}" in
   say "27b exit $?"; grep -v "^WARNING" "$OUT/bench_27b.log" | tail -15
   timeout 200 python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider > "$OUT/test_gpu_all.log" 2>&1
   say "GPU suite: $(tail -1 "$OUT/test_gpu_all.log")"; grep "^FAILED" "$OUT/test_gpu_all.log" | cut -c1-200 | head
+  ;;
+4)
+  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
+  build=$!
+  ( python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-chat.gguf > "$OUT/make_9b_chat.log" 2>&1
+    python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/make_9b.log" 2>&1 ) &
+  gen=$!
+  python3 -m ninfer_numba make-model --shape 0.8b --no-vocab --out models/q35-0.8b.gguf > "$OUT/make_08b.log" 2>&1
+  timeout 150 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-300 | head -20
+  while [ ! -s "$OUT/make_9b_chat.log" ]; do sleep 2; done
+  timeout 150 python3 -m benchmarks.e2e.server_stream --model models/q35-9b-chat.gguf --out "$OUT/server_stream_9b.json" \
+    > "$OUT/server_stream.log" 2>&1
+  say "server:"; tail -1 "$OUT/server_stream.log"
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
+  wait $gen
+  timeout 150 python3 -m benchmarks.llamacpp_logits --model models/q35-9b.gguf --out "$OUT/llamacpp_logits_9b.json" \
+    > "$OUT/llamacpp_logits_9b.log" 2>&1
+  say "9b vs llama.cpp: $(tail -1 "$OUT/llamacpp_logits_9b.log")"
+  timeout 60 python3 -m benchmarks.llamacpp_logits --model models/q35-0.8b.gguf --out "$OUT/llamacpp_logits_08b.json" \
+    > "$OUT/llamacpp_logits_08b.log" 2>&1
+  say "0.8b vs llama.cpp: $(tail -1 "$OUT/llamacpp_logits_08b.log")"
+  timeout 100 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-0.8b.gguf --out "$OUT/e2e_08b.json" \
+    > "$OUT/e2e_08b.log" 2>&1
+  say "0.8b vs reference:"; tail -1 "$OUT/e2e_08b.log" | cut -c1-2500
   ;;
 esac

@@ -8,6 +8,7 @@ a CUDA graph. A replay then costs ~1 µs per kernel instead of a 20-35 µs numba
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -33,6 +34,9 @@ class CudaRunner:
         self.config = weights.config
         self.max_seq = engine.max_seq
         self._host_tok = cuda.pinned_array(1, np.int32)
+        # run_ahead: two pinned words and events, the token of step n lands in slot n % 2
+        self._ahead_tok = [cuda.pinned_array(1, np.int32) for _ in range(2)]
+        self._ahead_done = [cuda.event(timing=False) for _ in range(2)]
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
         self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
@@ -128,6 +132,32 @@ class CudaRunner:
         """One graph replay; only the 4-byte token crosses to the host."""
         self._set_token(token)
         return self._step()
+
+    def run_ahead(self, first: int, sampled: bool = False) -> Iterator[int]:
+        """Decode from ``first``, each step's input being the previous step's device choice, with one step
+        always in flight: step n + 1 is enqueued before the token of step n is waited for and yielded, so the
+        caller's per-token host work (detokenizing, streaming) overlaps the GPU instead of adding to it.
+        Closing the generator leaves at most one extra step to finish, which the next reset orders after.
+        Ends only when the context is full."""
+        self._set_token(first)
+
+        def enqueue(n: int) -> None:
+            self._replay(sampled)
+            self.state.host_pos += 1
+            self.model.buf.tokens[:1].copy_to_host(self._ahead_tok[n % 2], stream=self.stream)
+            self._ahead_done[n % 2].record(self.stream)
+
+        enqueue(0)
+        n = 0
+        while True:
+            more = self.state.host_pos < self.max_seq
+            if more:
+                enqueue(n + 1)
+            self._ahead_done[n % 2].synchronize()
+            yield int(self._ahead_tok[n % 2][0])
+            if not more:
+                return
+            n += 1
 
     def start_sampling(self, window: np.ndarray, params: dict) -> None:
         """Load one request's penalty window ([V] int32 counts) and sampler settings (pack_sample_params

@@ -112,23 +112,33 @@ class LLM:
     def _token_steps(self, sampler: Sampler, ids: list[int]) -> Iterator[int]:
         """Generator: yields the first token after the prompt, then one token per token sent in.
 
-        Where the logits live decides who picks: plain greedy is the device argmax; other settings run the
-        device sampler when the runner has one and a single penalty window fits (engine/sampling.py); the
-        rest pick on the host from logits copied back.
+        Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
+        argmax and other settings run the device sampler when a single penalty window fits
+        (engine/sampling.py), both through run_ahead (the sent-in token is then the device's own choice
+        already); everything else picks on the host from logits copied back.
         """
         r = self.runner
         r.reset()
-        window = sampler.device_window() if getattr(r, "supports_device_sampling", False) else None
-        if sampler.is_plain_greedy:
+        on_device = getattr(r, "supports_device_sampling", False)
+        window = sampler.device_window() if on_device else None
+        if on_device and (sampler.is_plain_greedy or window is not None):
+            # the device picks every token and the next step is queued before the host sees this one
+            sampled = not sampler.is_plain_greedy
+            if sampled:
+                r.start_sampling(window, sampler.device_params())
+                tok = r.prefill_sampled(ids)
+                sampler.record(tok)
+            else:
+                tok = sampler.pick(r.prefill(ids))
+            yield tok
+            for tok in r.run_ahead(tok, sampled=sampled):
+                if sampled:
+                    sampler.record(tok)
+                yield tok
+        elif sampler.is_plain_greedy:
             tok = sampler.pick(r.prefill(ids))
             while True:
                 tok = r.decode_greedy((yield tok))
-        elif window is not None:
-            r.start_sampling(window, sampler.device_params())
-            tok = r.prefill_sampled(ids)
-            while True:
-                sampler.record(tok)
-                tok = r.decode_sampled((yield tok))
         else:
             tok = sampler.pick(r.prefill(ids))
             while True:

@@ -57,9 +57,10 @@ def test_gpu_model_against_reference(tmp_path):
 @pytest.mark.parametrize("cfg", [dict(temperature=0.9, top_k=40, top_p=0.95, seed=11),
                                  dict(temperature=1.2, min_p=0.05, repetition_penalty=1.3, seed=12),
                                  dict(temperature=0.8, presence_penalty=0.6, frequency_penalty=0.4, seed=13),
-                                 dict(temperature=0.0, frequency_penalty=2.0)])
+                                 dict(temperature=0.0, frequency_penalty=2.0), dict(temperature=0.0)])
 def test_device_sampling_matches_host_sampler(tmp_path, cfg):
-    """LLM.stream's graph-replayed device sampler picks what the host sampler picks from the same logits."""
+    """LLM.stream's graph-replayed device sampler (or argmax), one step run ahead, picks what the host sampler
+    picks from the same logits, step by step."""
     from ninfer_numba import LLM, SamplingParams
     from ninfer_numba.engine.sampling import Sampler
     path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),

@@ -1,0 +1,106 @@
+"""llama.cpp as a logits oracle: its logits and ours for the same file and tokens.
+
+    python -m benchmarks.llamacpp_logits --model M.gguf [--tokens 512] [--seed 0] [--out r.json]
+
+The small C++ tool in llamacpp_tools/logits.cpp is compiled against the cached llama-bench build (the same
+static libraries, linked with llama-bench's own link command, so nothing of llama.cpp is rebuilt) and runs
+the whole prompt through llama_decode with every position's logits requested. Our side is LLM.logits on the
+same ids (prefill path). Reported: ‖ours − llama.cpp‖/‖llama.cpp‖ over all positions, the worst row, and
+top-1 agreement. Both engines quantize activations to 8 bits with different blockings and rounding, so on
+a random synthetic model the two differ by about the int8 noise that model amplifies (gpu_vs_reference.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.llamacpp import DEFAULT_CACHE, find_llama_bench, log
+
+TOOL_SOURCE = Path(__file__).with_name("llamacpp_tools") / "logits.cpp"
+TOOL_NAME = "ninfer-llama-logits"
+BENCH_OBJECT = "tools/llama-bench/CMakeFiles/llama-bench.dir/llama-bench.cpp.o"
+
+
+def _link_command(build_dir: Path) -> str:
+    """llama-bench's link command, as the build system recorded it (run from build_dir)."""
+    if (build_dir / "build.ninja").is_file():
+        cmds = subprocess.run(["ninja", "-C", str(build_dir), "-t", "commands", "bin/llama-bench"], check=True,
+                              capture_output=True, text=True).stdout.strip().splitlines()
+        return cmds[-1]
+    link_txt = build_dir / "tools" / "llama-bench" / "CMakeFiles" / "llama-bench.dir" / "link.txt"
+    return "cd tools/llama-bench && " + link_txt.read_text().strip()
+
+
+def build_tool(bench_binary: Path, src: Path) -> Path:
+    """Compile logits.cpp and link it like llama-bench; cached next to llama-bench."""
+    build_dir = bench_binary.parent.parent
+    out = build_dir / "bin" / TOOL_NAME
+    if out.is_file() and out.stat().st_mtime >= TOOL_SOURCE.stat().st_mtime:
+        return out
+    obj = build_dir / "ninfer-llama-logits.o"
+    subprocess.run(["c++", "-O2", "-std=c++17", f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", "-c",
+                    str(TOOL_SOURCE), "-o", str(obj)], check=True)
+    link = _link_command(build_dir)
+    if BENCH_OBJECT not in link and "llama-bench.cpp.o" not in link:
+        raise RuntimeError(f"unexpected llama-bench link command: {link[:300]}")
+    link = link.replace(f"CMakeFiles/llama-bench.dir/llama-bench.cpp.o", "@OBJ@")
+    link = link.replace("tools/llama-bench/@OBJ@", "@OBJ@").replace("@OBJ@", shlex.quote(str(obj)))
+    link = link.replace("-o bin/llama-bench", f"-o {shlex.quote(str(out))}")
+    link = link.replace("-o ../../bin/llama-bench", f"-o {shlex.quote(str(out))}")
+    if str(out) not in link:
+        raise RuntimeError(f"could not redirect the link output: {link[:300]}")
+    subprocess.run(link, shell=True, check=True, cwd=build_dir)
+    log(f"built {out}")
+    return out
+
+
+def llamacpp_logits(tool: Path, model: str, ids: list[int]) -> np.ndarray:
+    """[T, V] float32 logits after every position, from llama.cpp."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tok, out = Path(tmp) / "tokens.i32", Path(tmp) / "logits.f32"
+        np.asarray(ids, "<i4").tofile(tok)
+        subprocess.run([str(tool), model, str(tok), str(out)], check=True)
+        flat = np.fromfile(out, "<f4")
+    return flat.reshape(len(ids), -1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    bench = find_llama_bench(None, DEFAULT_CACHE)
+    if bench is None:
+        print("llama.cpp is not built here: run python -m benchmarks.llamacpp build first", file=sys.stderr)
+        return 2
+    tool = build_tool(bench, DEFAULT_CACHE / "src")
+    from ninfer_numba import LLM
+    llm = LLM(a.model, backend=a.backend, max_seq=a.tokens + 8)
+    ids = np.random.default_rng(a.seed).integers(0, llm.config.n_vocab, a.tokens).tolist()
+    ours = llm.logits(ids)
+    theirs = llamacpp_logits(tool, a.model, ids)
+    if theirs.shape != ours.shape:
+        raise RuntimeError(f"llama.cpp returned {theirs.shape}, ours {ours.shape}")
+    rows = np.linalg.norm(ours - theirs, axis=1) / np.linalg.norm(theirs, axis=1)
+    report = {"model": a.model, "tokens": a.tokens, "backend": llm.backend,
+              "rel_error": float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)),
+              "worst_row_rel_error": float(rows.max()), "first_row_rel_error": float(rows[0]),
+              "top1_agreement": float(np.mean(ours.argmax(1) == theirs.argmax(1)))}
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
