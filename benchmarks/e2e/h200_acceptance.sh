@@ -54,13 +54,15 @@ case "${STAGE:-1}" in
 4)
   python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
   build=$!
+  rm -f /tmp/ninfer_chat_ready
   ( python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-chat.gguf > "$OUT/make_9b_chat.log" 2>&1
+    touch /tmp/ninfer_chat_ready
     python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/make_9b.log" 2>&1 ) &
   gen=$!
   python3 -m ninfer_numba make-model --shape 0.8b --no-vocab --out models/q35-0.8b.gguf > "$OUT/make_08b.log" 2>&1
   timeout 150 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
   say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-300 | head -20
-  while [ ! -s "$OUT/make_9b_chat.log" ]; do sleep 2; done
+  while [ ! -f /tmp/ninfer_chat_ready ]; do sleep 2; done
   timeout 150 python3 -m benchmarks.e2e.server_stream --model models/q35-9b-chat.gguf --out "$OUT/server_stream_9b.json" \
     > "$OUT/server_stream.log" 2>&1
   say "server:"; tail -1 "$OUT/server_stream.log"
