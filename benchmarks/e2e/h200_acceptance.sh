@@ -8,7 +8,8 @@
 #   STAGE=3: 27b: make the file, prefill and decode through the harness (our engine), the GPU test suite
 #   STAGE=4: (a fresh machine) whole-model GPU tests, the server again, llama.cpp as a logits oracle on the
 #            9b and 0.8b files, 0.8b against the reference
-# Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha bash benchmarks/e2e/h200_acceptance.sh
+# Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha [PACK=file.tgz] bash benchmarks/e2e/h200_acceptance.sh
+# PACK: also write everything under OUT into one archive (for transports that return only a few files).
 set -u
 OUT=${OUT:-results/session}; mkdir -p "$OUT" models
 export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
@@ -79,3 +80,4 @@ case "${STAGE:-1}" in
   say "0.8b vs reference:"; tail -1 "$OUT/e2e_08b.log" | cut -c1-2500
   ;;
 esac
+if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$OUT" . && say "packed $OUT into $PACK"; fi
