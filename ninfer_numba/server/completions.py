@@ -114,49 +114,43 @@ def _error_event(message: str) -> str:
     return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
 
 
-async def _stream_chat(job: Job, header: ResponseHeader) -> AsyncIterator[str]:
-    def choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+def _chat_choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
+
+def _text_choice(text: str, finish: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+def _stream_chat(job: Job, header: ResponseHeader) -> AsyncIterator[str]:
+    return _stream(job, header, [_chat_choice({"role": "assistant", "content": None})], _chat_choice({}),
+                   lambda item: [_chat_choice(d) for d in chat_deltas(item)])
+
+
+def _stream_text(job: Job, header: ResponseHeader, echo: str) -> AsyncIterator[str]:
+    return _stream(job, header, [_text_choice(echo)] if echo else [], _text_choice(""),
+                   lambda item: [_text_choice(t) for t in [text_delta(item)] if t])
+
+
+async def _stream(job: Job, header: ResponseHeader, opening: list[dict[str, Any]], last: dict[str, Any],
+                  choices) -> AsyncIterator[str]:
+    """SSE of one job: the opening chunks, one chunk per choice of each engine event (``choices(item)``),
+    the finishing chunk (``last`` with the finish reason), the usage chunk when asked, then [DONE]."""
     try:
-        yield sse(header.chunk([choice({"role": "assistant", "content": None})]))
+        for c in opening:
+            yield sse(header.chunk([c]))
         while True:
             item = await job.events.get()
             if isinstance(item, Finished):
-                yield sse(header.chunk([choice({}, item.reason)]))
+                yield sse(header.chunk([{**last, "finish_reason": item.reason}]))
                 if header.include_usage:
                     yield sse(header.chunk([], usage(item)))
                 break
             if isinstance(item, Failed):
                 yield _error_event(item.message)
                 break
-            for delta in chat_deltas(item):
-                yield sse(header.chunk([choice(delta)]))
+            for c in choices(item):
+                yield sse(header.chunk([c]))
         yield sse("[DONE]")
     finally:
         job.cancel()   # no-op once finished; stops the generation when the client went away
-
-
-async def _stream_text(job: Job, header: ResponseHeader, echo: str) -> AsyncIterator[str]:
-    def choice(text: str, finish: str | None = None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
-    try:
-        if echo:
-            yield sse(header.chunk([choice(echo)]))
-        while True:
-            item = await job.events.get()
-            if isinstance(item, Finished):
-                yield sse(header.chunk([choice("", item.reason)]))
-                if header.include_usage:
-                    yield sse(header.chunk([], usage(item)))
-                break
-            if isinstance(item, Failed):
-                yield _error_event(item.message)
-                break
-            text = text_delta(item)
-            if text:
-                yield sse(header.chunk([choice(text)]))
-        yield sse("[DONE]")
-    finally:
-        job.cancel()
