@@ -29,6 +29,7 @@ import os
 import numpy as np
 import pytest
 
+from attn_cases import attention_inputs
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 from ninfer_numba.kernels.flash_attn import mma_f16, prefill_mma
 from ninfer_numba.kernels.flash_attn.prefill_mma import attention_prefill_mma
@@ -81,19 +82,11 @@ def _reference_and_bound(q, k_cache, v_cache, pos0, gate):
 def _case(T, H, Hkv, d, pos0, q_mode="f16-exact", seed=0):
     """Random inputs with NaN past the valid cache rows. q_mode: f16-exact (float32 holding f16 values),
     f32 (raw float32), f16 (a float16 array)."""
-    rng = np.random.default_rng(seed)
-    L = pos0 + T
-    max_seq = L + 9
-    q = rng.standard_normal((T, H, d)).astype(np.float32)
+    q, k_cache, v_cache, proj = attention_inputs(np.random.default_rng(seed), T, H, Hkv, d, pos0 + T, pos0 + T + 9)
     if q_mode == "f16-exact":
         q = q.astype(np.float16).astype(np.float32)
     elif q_mode == "f16":
         q = q.astype(np.float16)
-    k_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
-    v_cache = np.full((Hkv, max_seq, d), np.nan, np.float16)
-    k_cache[:, :L] = rng.standard_normal((Hkv, L, d))
-    v_cache[:, :L] = rng.standard_normal((Hkv, L, d))
-    proj = rng.standard_normal((T, 2 * d * H + 2 * d * Hkv)).astype(np.float32)
     return q, k_cache, v_cache, proj
 
 
