@@ -101,7 +101,8 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
     strict = report["int8_emulating"]["all"]["rel_error"] < 5e-3 and \
-        report["int8_emulating"]["all"]["top1_agreement"] >= 0.99 and report["int8_emulating"]["greedy_tokens_identical"]
+        report["int8_emulating"]["all"]["top1_agreement"] >= 0.99 and \
+        report["int8_emulating"]["greedy_tokens_identical"]
     base = report.get("int8_reference_vs_float")
     oracle = base is not None and report["float"]["all"]["rel_error"] <= 2 * base["rel_error"]
     loc = report.get("layer_local")

@@ -39,7 +39,8 @@ def main(argv=None) -> int:
             w.embed = embed
 
     def compare(x, y):
-        return {"rel": float(np.linalg.norm(x - y) / np.linalg.norm(y)), "top1": float(np.mean(x.argmax(-1) == y.argmax(-1)))}
+        return {"rel": float(np.linalg.norm(x - y) / np.linalg.norm(y)),
+                "top1": float(np.mean(x.argmax(-1) == y.argmax(-1)))}
 
     base = logits(True)
     report = {"model": a.model, "tokens": a.tokens, "int8_vs_float": compare(base, logits(False))}
