@@ -103,9 +103,9 @@ class CudaRunner:
         self.stream.synchronize()
         return int(self._host_tok[0])
 
-    def _step(self, sampled: bool = False) -> int:
-        """One replay; the token it wrote into tokens[0] is read back (4 bytes) and returned."""
-        self._replay(sampled)
+    def _step(self) -> int:
+        """One greedy replay; the token it wrote into tokens[0] is read back (4 bytes) and returned."""
+        self._replay()
         self.state.host_pos += 1
         return self._read_token()
 
@@ -161,7 +161,7 @@ class CudaRunner:
 
     def start_sampling(self, window: np.ndarray, params: dict) -> None:
         """Load one request's penalty window ([V] int32 counts) and sampler settings (pack_sample_params
-        keywords, draw counter included) for prefill_sampled / decode_sampled."""
+        keywords, draw counter included) for prefill_sampled and run_ahead(sampled=True)."""
         self.penalty_counts.copy_to_device(np.ascontiguousarray(window, np.int32), stream=self.stream)
         self.sample_params.copy_to_device(pack_sample_params(**params), stream=self.stream)
 
@@ -171,11 +171,6 @@ class CudaRunner:
         self._run_tokens(np.asarray(ids, np.int32), self.state)
         self._pick_kernels(sampled=True)
         return self._read_token()
-
-    def decode_sampled(self, token: int) -> int:
-        """One replay of the sampling graph; only the 4-byte token crosses to the host."""
-        self._set_token(token)
-        return self._step(sampled=True)
 
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""
