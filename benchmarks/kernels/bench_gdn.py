@@ -20,6 +20,7 @@ import numpy as np
 from ninfer_numba.kernels.gdn import chunk as gdn_chunk
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel, chunk_state_kernel, state_tiling
+from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
@@ -117,6 +118,9 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
         _, nt = state_tiling(S, bv)
         stages[f"chunk_state BV={bv}"] = (lambda b, n: lambda s: chunk_state_kernel(S, Hk, Hv, b)[
             (S // b, Hv), n, s](ws.u, ws.G, ws.W, ws.U, ws.P, inp["state"], y, T))(bv, nt)
+    bv, nt = staged_tiling(S)
+    stages["chunk_state_staged (v2)"] = lambda s: chunk_state_staged_kernel(S, Hk, Hv)[(S // bv, Hv), nt, s](
+        ws.u, ws.G, ws.W, ws.U, ws.P, inp["state"], y, T)
     rows = []
     for name, fn in stages.items():
         ms = time_graph(fn, n_inner=1, reps=5, warmup=1).median_ms
