@@ -102,16 +102,16 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
                 inp["state"], y, Hk, EPS, ws=ws)
     C = 2 * Hk * S + Hv * S
     n_chunks = (T + BT - 1) // BT
-    tpb = gdn_chunk.TPB_ROW
+    rows_tpb = 32 * gdn_chunk.WARPS_ROW
+    qk_norm_gates, n_items = gdn_chunk._qk_norm_gates_kernel(S, Hk, Hv)
     stages = {
         "conv_silu+shift": lambda s: conv_silu_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], ws.u,
                                                        C, s),
-        "qk_norm_gates": lambda s: gdn_chunk._qk_norm_gates_kernel(S, Hk, Hv)[
-            (T * (2 * Hk + Hv) + tpb - 1) // tpb, tpb, s](inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"],
-                                                         ws.beta, ws.g, T, EPS),
+        "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items), rows_tpb, s](
+            inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
         "chunk_intra": lambda s: chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
             ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
-        "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[(T * Hv + tpb - 1) // tpb, tpb, s](
+        "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[gdn_chunk._row_blocks(T * Hv), rows_tpb, s](
             inp["proj"], inp["norm_w"], y, T, EPS),
     }
     for bv in (8, 16, 32):

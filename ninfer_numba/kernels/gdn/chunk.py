@@ -20,64 +20,79 @@ from numba import float32
 from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
-from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32, warp_sum_f32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
-TPB_ROW = 128      # threads per block of the row kernels (one thread per (token, head) row)
+WARPS_ROW = 4      # warps per block of the row kernels (one warp per (token, head) row)
 
 
 @lru_cache(maxsize=None)
 def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
     C = 2 * Hk * S + Hv * S
     B0 = C + Hv * S            # proj column of beta_raw; alpha_raw follows at B0 + Hv
-    NR = 2 * Hk + Hv           # items per token: 2*Hk L2 norms (q heads, then k heads), Hv gates
+    NG = (Hv + 31) // 32       # warps of gates per token (one gate per lane)
+    NR = 2 * Hk + NG           # warp items per token: 2*Hk L2 norms (q heads, then k heads), then gates
+    NPL = (S + 31) // 32       # elements per lane of a head row
 
     @cuda.jit
     def qk_norm_gates(proj, u, ssm_a, dt_bias, beta, g, T, eps):
         # proj: [T, P], u: [T, C] (q, k heads normalised in place), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
-        # One thread per row: a serial sum over S needs no barrier (and no warp shuffle, which the
-        # simulator lacks); the row's 512 B stay in L1 across the two passes.
-        idx = cuda.blockIdx.x * TPB_ROW + cuda.threadIdx.x
-        if idx >= T * NR:
+        # One warp per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles.
+        item = cuda.blockIdx.x * WARPS_ROW + cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        if item >= T * NR:                 # whole warps leave together: the shuffles below see full warps
             return
-        t = idx // NR
-        r = idx % NR
+        t = item // NR
+        r = item % NR
         if r < 2 * Hk:
             base = r * S
             acc = float32(0.0)
-            for d in range(S):
-                x = u[t, base + d]
-                acc += x * x
+            for k in range(NPL):
+                d = lane + 32 * k
+                if d < S:
+                    x = u[t, base + d]
+                    acc += x * x
+            acc = warp_sum_f32(acc)
             inv = float32(1.0) / max(float32(math.sqrt(acc)), float32(eps))
-            for d in range(S):
-                u[t, base + d] *= inv
+            for k in range(NPL):
+                d = lane + 32 * k
+                if d < S:
+                    u[t, base + d] *= inv
         else:
-            jj = r - 2 * Hk
-            beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
-            g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
+            jj = (r - 2 * Hk) * 32 + lane
+            if jj < Hv:
+                beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
+                g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
 
-    return qk_norm_gates
+    return qk_norm_gates, NR
 
 
 @lru_cache(maxsize=None)
 def _gated_norm_kernel(S: int, Hk: int, Hv: int):
     Z0 = 2 * Hk * S + Hv * S   # proj column of z
+    NPL = (S + 31) // 32
 
     @cuda.jit
     def gated_norm(proj, norm_w, y, T, eps):
-        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; one thread per (t, head)
-        idx = cuda.blockIdx.x * TPB_ROW + cuda.threadIdx.x
-        if idx >= T * Hv:
+        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; one warp per (t, head)
+        item = cuda.blockIdx.x * WARPS_ROW + cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        if item >= T * Hv:
             return
-        t = idx // Hv
-        base = (idx % Hv) * S
+        t = item // Hv
+        base = (item % Hv) * S
         acc = float32(0.0)
-        for d in range(S):
-            o = y[t, base + d]
-            acc += o * o
+        for k in range(NPL):
+            d = lane + 32 * k
+            if d < S:
+                o = y[t, base + d]
+                acc += o * o
+        acc = warp_sum_f32(acc)
         inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
-        for d in range(S):
-            y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
+        for k in range(NPL):
+            d = lane + 32 * k
+            if d < S:
+                y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
 
     return gated_norm
 
@@ -141,13 +156,15 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
                          f"T={T}, Hk={Hk}, Hv={Hv}, S={S}")
     C = 2 * Hk * S + Hv * S
     conv_silu_prefill(proj, conv_w, conv_state, ws.u, C, stream)
-    n_rows = T * (2 * Hk + Hv)
-    _qk_norm_gates_kernel(S, Hk, Hv)[(n_rows + TPB_ROW - 1) // TPB_ROW, TPB_ROW, stream](
-        proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g, T, eps)
+    qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
+    qk_norm_gates[_row_blocks(T * n_items), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g, T, eps)
     n_chunks = (T + BT - 1) // BT
     chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
                                                                  ws.P, T)
     BV, NT = staged_tiling(S)
     chunk_state_staged_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
-    _gated_norm_kernel(S, Hk, Hv)[(T * Hv + TPB_ROW - 1) // TPB_ROW, TPB_ROW, stream](
-        proj, norm_w, y_out, T, eps)
+    _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv), 32 * WARPS_ROW, stream](proj, norm_w, y_out, T, eps)
+
+
+def _row_blocks(n_items: int) -> int:
+    return (n_items + WARPS_ROW - 1) // WARPS_ROW
