@@ -20,6 +20,7 @@ import numpy as np
 from ninfer_numba.kernels.gdn import chunk as gdn_chunk
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel, chunk_state_kernel, state_tiling
+from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
@@ -110,6 +111,8 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
         "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items), rows_tpb, s](
             inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
         "chunk_intra": lambda s: chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
+            ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
+        "chunk_intra_tiled (v2)": lambda s: chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
             ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
         "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[gdn_chunk._row_blocks(T * Hv), rows_tpb, s](
             inp["proj"], inp["norm_w"], y, T, EPS),

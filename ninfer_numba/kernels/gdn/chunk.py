@@ -3,7 +3,7 @@
 Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel reading what the previous wrote:
   1. conv_silu + conv_state_shift (conv.py)   u = silu(conv(proj[:, :C])), conv state <- last K-1 inputs
   2. qk_norm_gates                             q, k heads of u L2-normalised in place; beta, g [T, Hv]
-  3. chunk_intra (chunk_kernels.py)            G, W, U, P per (chunk, value head)
+  3. chunk_intra_tiled (chunk_intra_tiled.py)  G, W, U, P per (chunk, value head)
   4. chunk_state_staged (chunk_state_staged.py) raw o into y_out; state carried over all chunks
   5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place
 All intermediates live in a ``GdnPrefillWorkspace`` sized for the longest prompt; kernels receive the full
@@ -17,7 +17,8 @@ from functools import lru_cache
 import numpy as np
 from numba import float32
 
-from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel
+from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
+from ninfer_numba.kernels.gdn.chunk_kernels import BT
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32, warp_sum_f32
@@ -159,7 +160,7 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
     qk_norm_gates[_row_blocks(T * n_items), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g, T, eps)
     n_chunks = (T + BT - 1) // BT
-    chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
+    chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
                                                                  ws.P, T)
     BV, NT = staged_tiling(S)
     chunk_state_staged_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
