@@ -108,14 +108,14 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
     stages = {
         "conv_silu+shift": lambda s: conv_silu_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], ws.u,
                                                        C, s),
-        "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items), rows_tpb, s](
+        "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items, S), rows_tpb, s](
             inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
         "chunk_intra": lambda s: chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
             ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
         "chunk_intra_tiled (v2)": lambda s: chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
             ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
-        "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[gdn_chunk._row_blocks(T * Hv), rows_tpb, s](
-            inp["proj"], inp["norm_w"], y, T, EPS),
+        "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[
+            gdn_chunk._row_blocks(T * Hv, S), rows_tpb, s](inp["proj"], inp["norm_w"], y, T, EPS),
     }
     for bv in (8, 16, 32):
         _, nt = state_tiling(S, bv)

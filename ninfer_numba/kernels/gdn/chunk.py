@@ -21,46 +21,58 @@ from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
 from ninfer_numba.kernels.gdn.chunk_kernels import BT
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
-from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32, warp_sum_f32
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, row_sum_f32, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
-WARPS_ROW = 4      # warps per block of the row kernels (one warp per (token, head) row)
+WARPS_ROW = 4      # warps per block of the row kernels
+
+
+def lanes_per_row(S: int) -> int:
+    """Lanes sharing one head row in the row kernels: a power of two <= 32 leaving each lane >= 4 elements
+    (S = 128: a full warp per row; the simulator's S = 16: 4 lanes, 8 rows per warp)."""
+    n = 1
+    while n * 2 <= 32 and n * 2 * 4 <= S:
+        n *= 2
+    return n
 
 
 @lru_cache(maxsize=None)
 def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
     C = 2 * Hk * S + Hv * S
     B0 = C + Hv * S            # proj column of beta_raw; alpha_raw follows at B0 + Hv
-    NG = (Hv + 31) // 32       # warps of gates per token (one gate per lane)
-    NR = 2 * Hk + NG           # warp items per token: 2*Hk L2 norms (q heads, then k heads), then gates
-    NPL = (S + 31) // 32       # elements per lane of a head row
+    LPR = lanes_per_row(S)
+    NG = (Hv + LPR - 1) // LPR  # gate items per token (one gate per lane)
+    NR = 2 * Hk + NG           # items per token: 2*Hk L2 norms (q heads, then k heads), then gates
+    NPL = (S + LPR - 1) // LPR  # elements per lane of a head row
 
     @cuda.jit
     def qk_norm_gates(proj, u, ssm_a, dt_bias, beta, g, T, eps):
         # proj: [T, P], u: [T, C] (q, k heads normalised in place), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
-        # One warp per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles.
-        item = cuda.blockIdx.x * WARPS_ROW + cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
-        if item >= T * NR:                 # whole warps leave together: the shuffles below see full warps
-            return
+        # LPR lanes per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles,
+        # which every lane executes (items of one warp may differ in kind or be past the end).
+        gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x
+        item = gid // LPR
+        lane = gid % LPR
         t = item // NR
         r = item % NR
-        if r < 2 * Hk:
-            base = r * S
-            acc = float32(0.0)
+        norm_row = item < T * NR and r < 2 * Hk
+        base = r * S
+        acc = float32(0.0)
+        if norm_row:
             for k in range(NPL):
-                d = lane + 32 * k
+                d = lane + LPR * k
                 if d < S:
                     x = u[t, base + d]
                     acc += x * x
-            acc = warp_sum_f32(acc)
+        acc = row_sum_f32(acc, LPR)
+        if norm_row:
             inv = float32(1.0) / max(float32(math.sqrt(acc)), float32(eps))
             for k in range(NPL):
-                d = lane + 32 * k
+                d = lane + LPR * k
                 if d < S:
                     u[t, base + d] *= inv
-        else:
-            jj = (r - 2 * Hk) * 32 + lane
+        elif item < T * NR:
+            jj = (r - 2 * Hk) * LPR + lane
             if jj < Hv:
                 beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
                 g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
@@ -71,29 +83,32 @@ def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
 @lru_cache(maxsize=None)
 def _gated_norm_kernel(S: int, Hk: int, Hv: int):
     Z0 = 2 * Hk * S + Hv * S   # proj column of z
-    NPL = (S + 31) // 32
+    LPR = lanes_per_row(S)
+    NPL = (S + LPR - 1) // LPR
 
     @cuda.jit
     def gated_norm(proj, norm_w, y, T, eps):
-        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; one warp per (t, head)
-        item = cuda.blockIdx.x * WARPS_ROW + cuda.threadIdx.x // 32
-        lane = cuda.threadIdx.x % 32
-        if item >= T * Hv:
-            return
+        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; LPR lanes per (t, head)
+        gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x
+        item = gid // LPR
+        lane = gid % LPR
+        valid = item < T * Hv
         t = item // Hv
         base = (item % Hv) * S
         acc = float32(0.0)
-        for k in range(NPL):
-            d = lane + 32 * k
-            if d < S:
-                o = y[t, base + d]
-                acc += o * o
-        acc = warp_sum_f32(acc)
-        inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
-        for k in range(NPL):
-            d = lane + 32 * k
-            if d < S:
-                y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
+        if valid:
+            for k in range(NPL):
+                d = lane + LPR * k
+                if d < S:
+                    o = y[t, base + d]
+                    acc += o * o
+        acc = row_sum_f32(acc, LPR)          # every lane: shuffles need the whole warp
+        if valid:
+            inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
+            for k in range(NPL):
+                d = lane + LPR * k
+                if d < S:
+                    y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
 
     return gated_norm
 
@@ -158,14 +173,18 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     C = 2 * Hk * S + Hv * S
     conv_silu_prefill(proj, conv_w, conv_state, ws.u, C, stream)
     qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
-    qk_norm_gates[_row_blocks(T * n_items), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g, T, eps)
+    qk_norm_gates[_row_blocks(T * n_items, S), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g,
+                                                                     T, eps)
     n_chunks = (T + BT - 1) // BT
     chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
                                                                  ws.P, T)
     BV, NT = staged_tiling(S)
     chunk_state_staged_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
-    _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv), 32 * WARPS_ROW, stream](proj, norm_w, y_out, T, eps)
+    _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv, S), 32 * WARPS_ROW, stream](proj, norm_w, y_out, T,
+                                                                                eps)
 
 
-def _row_blocks(n_items: int) -> int:
-    return (n_items + WARPS_ROW - 1) // WARPS_ROW
+def _row_blocks(n_items: int, S: int) -> int:
+    """Blocks of the row kernels for n_items rows of S elements."""
+    per_block = 32 * WARPS_ROW // lanes_per_row(S)
+    return (n_items + per_block - 1) // per_block

@@ -21,10 +21,12 @@ def sigmoid_f32(x):
 
 
 @cuda.jit(device=True)
-def warp_sum_f32(v):
-    """Sum of v over the 32 lanes of a full warp, returned to every lane (butterfly shuffles)."""
+def row_sum_f32(v, width):
+    """Sum of v over each aligned group of ``width`` lanes (a power of two <= 32), returned to every lane
+    of the group (butterfly shuffles). Every lane of the warp must call it."""
     for m in (16, 8, 4, 2, 1):
-        v += shfl_xor_f32(v, m)
+        if m < width:
+            v += shfl_xor_f32(v, m)
     return v
 
 
