@@ -8,6 +8,7 @@
 #   STAGE=3: 27b: make the file, prefill and decode through the harness (our engine), the GPU test suite
 #   STAGE=4: (a fresh machine) whole-model GPU tests, the server again, llama.cpp as a logits oracle on the
 #            9b and 0.8b files, 0.8b against the reference
+#   STAGE=5: (branch next/gdn-state-v2) GDN and whole-model GPU tests, GDN stage timings, our prefill
 # Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha [PACK=file.tgz] bash benchmarks/e2e/h200_acceptance.sh
 # PACK: also write everything under OUT into one archive (for transports that return only a few files).
 set -u
@@ -78,6 +79,21 @@ case "${STAGE:-1}" in
   timeout 100 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-0.8b.gguf --out "$OUT/e2e_08b.json" \
     > "$OUT/e2e_08b.log" 2>&1
   say "0.8b vs reference:"; tail -1 "$OUT/e2e_08b.log" | cut -c1-2500
+  ;;
+5)
+  [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
+    > "$OUT/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_gdn_prefill.py tests/kernels/test_gdn_decode.py \
+    tests/model -p no:cacheprovider > "$OUT/test_gdn_gpu.log" 2>&1
+  say "GDN + model GPU tests: $(tail -1 "$OUT/test_gdn_gpu.log")"; grep "^FAILED" "$OUT/test_gdn_gpu.log" | cut -c1-200 | head
+  timeout 180 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages --prefill-lengths 8192 \
+    > "$OUT/bench_gdn.log" 2>&1
+  say "GDN stages:"; tail -14 "$OUT/bench_gdn.log"
+  wait $gen
+  timeout 200 python3 -m ninfer_numba bench --models 9b --tests pp512,pp2048,pp8192 --reps 3 --skip-llamacpp \
+    --out "$OUT/bench_pp" > "$OUT/bench_pp.log" 2>&1
+  say "prefill:"; grep -v "^WARNING" "$OUT/bench_pp.log" | tail -6
   ;;
 esac
 if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$OUT" . && say "packed $OUT into $PACK"; fi

@@ -59,9 +59,9 @@ def check_prefill_then_decode(seed, T_prefill, n_decode, Hk, Hv, S):
 @pytest.mark.cudasim
 @needs_sim_or_gpu
 @pytest.mark.parametrize("T,Hk,Hv,S", [(1, 2, 4, 16), (7, 2, 2, 16), (63, 2, 4, 16), (130, 1, 2, 16),
-                                       (66, 1, 3, 32)],
+                                       (66, 1, 3, 32), (70, 1, 1, 64)],
                          ids=["T1-Hk2-Hv4-S16", "T7-Hk2-Hv2-S16", "T63-Hk2-Hv4-S16", "T130-Hk1-Hv2-S16",
-                              "T66-Hk1-Hv3-S32"])
+                              "T66-Hk1-Hv3-S32", "T70-Hk1-Hv1-S64"])     # S64: the 16-row-group tiling of S128
 def test_prefill_cudasim(T, Hk, Hv, S):
     check_prefill(10 + T, T, Hk, Hv, S)
 

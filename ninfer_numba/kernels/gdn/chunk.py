@@ -3,8 +3,8 @@
 Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel reading what the previous wrote:
   1. conv_silu + conv_state_shift (conv.py)   u = silu(conv(proj[:, :C])), conv state <- last K-1 inputs
   2. qk_norm_gates                             q, k heads of u L2-normalised in place; beta, g [T, Hv]
-  3. chunk_intra (chunk_kernels.py)            G, W, U, P per (chunk, value head)
-  4. chunk_state (chunk_kernels.py)            raw o into y_out; state carried over all chunks
+  3. chunk_intra_tiled (chunk_intra_tiled.py)  G, W, U, P per (chunk, value head)
+  4. chunk_state_staged (chunk_state_staged.py) raw o into y_out; state carried over all chunks
   5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place
 All intermediates live in a ``GdnPrefillWorkspace`` sized for the longest prompt; kernels receive the full
 workspace arrays plus T and touch rows < T only. Callers that must never allocate pass ``ws``; without it
@@ -17,66 +17,98 @@ from functools import lru_cache
 import numpy as np
 from numba import float32
 
-from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel, chunk_state_kernel, state_tiling
+from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
+from ninfer_numba.kernels.gdn.chunk_kernels import BT
+from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
-from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, row_sum_f32, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
-TPB_ROW = 128      # threads per block of the row kernels (one thread per (token, head) row)
+WARPS_ROW = 4      # warps per block of the row kernels
+
+
+def lanes_per_row(S: int) -> int:
+    """Lanes sharing one head row in the row kernels: a power of two <= 32 leaving each lane >= 4 elements
+    (S = 128: a full warp per row; the simulator's S = 16: 4 lanes, 8 rows per warp)."""
+    n = 1
+    while n * 2 <= 32 and n * 2 * 4 <= S:
+        n *= 2
+    return n
 
 
 @lru_cache(maxsize=None)
 def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
     C = 2 * Hk * S + Hv * S
     B0 = C + Hv * S            # proj column of beta_raw; alpha_raw follows at B0 + Hv
-    NR = 2 * Hk + Hv           # items per token: 2*Hk L2 norms (q heads, then k heads), Hv gates
+    LPR = lanes_per_row(S)
+    NG = (Hv + LPR - 1) // LPR  # gate items per token (one gate per lane)
+    NR = 2 * Hk + NG           # items per token: 2*Hk L2 norms (q heads, then k heads), then gates
+    NPL = (S + LPR - 1) // LPR  # elements per lane of a head row
 
     @cuda.jit
     def qk_norm_gates(proj, u, ssm_a, dt_bias, beta, g, T, eps):
         # proj: [T, P], u: [T, C] (q, k heads normalised in place), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
-        # One thread per row: a serial sum over S needs no barrier (and no warp shuffle, which the
-        # simulator lacks); the row's 512 B stay in L1 across the two passes.
-        idx = cuda.blockIdx.x * TPB_ROW + cuda.threadIdx.x
-        if idx >= T * NR:
-            return
-        t = idx // NR
-        r = idx % NR
-        if r < 2 * Hk:
-            base = r * S
-            acc = float32(0.0)
-            for d in range(S):
-                x = u[t, base + d]
-                acc += x * x
+        # LPR lanes per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles,
+        # which every lane executes (items of one warp may differ in kind or be past the end).
+        gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x
+        item = gid // LPR
+        lane = gid % LPR
+        t = item // NR
+        r = item % NR
+        norm_row = item < T * NR and r < 2 * Hk
+        base = r * S
+        acc = float32(0.0)
+        if norm_row:
+            for k in range(NPL):
+                d = lane + LPR * k
+                if d < S:
+                    x = u[t, base + d]
+                    acc += x * x
+        acc = row_sum_f32(acc, LPR)
+        if norm_row:
             inv = float32(1.0) / max(float32(math.sqrt(acc)), float32(eps))
-            for d in range(S):
-                u[t, base + d] *= inv
-        else:
-            jj = r - 2 * Hk
-            beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
-            g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
+            for k in range(NPL):
+                d = lane + LPR * k
+                if d < S:
+                    u[t, base + d] *= inv
+        elif item < T * NR:
+            jj = (r - 2 * Hk) * LPR + lane
+            if jj < Hv:
+                beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
+                g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
 
-    return qk_norm_gates
+    return qk_norm_gates, NR
 
 
 @lru_cache(maxsize=None)
 def _gated_norm_kernel(S: int, Hk: int, Hv: int):
     Z0 = 2 * Hk * S + Hv * S   # proj column of z
+    LPR = lanes_per_row(S)
+    NPL = (S + LPR - 1) // LPR
 
     @cuda.jit
     def gated_norm(proj, norm_w, y, T, eps):
-        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; one thread per (t, head)
-        idx = cuda.blockIdx.x * TPB_ROW + cuda.threadIdx.x
-        if idx >= T * Hv:
-            return
-        t = idx // Hv
-        base = (idx % Hv) * S
+        # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; LPR lanes per (t, head)
+        gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x
+        item = gid // LPR
+        lane = gid % LPR
+        valid = item < T * Hv
+        t = item // Hv
+        base = (item % Hv) * S
         acc = float32(0.0)
-        for d in range(S):
-            o = y[t, base + d]
-            acc += o * o
-        inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
-        for d in range(S):
-            y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
+        if valid:
+            for k in range(NPL):
+                d = lane + LPR * k
+                if d < S:
+                    o = y[t, base + d]
+                    acc += o * o
+        acc = row_sum_f32(acc, LPR)          # every lane: shuffles need the whole warp
+        if valid:
+            inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
+            for k in range(NPL):
+                d = lane + LPR * k
+                if d < S:
+                    y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
 
     return gated_norm
 
@@ -140,13 +172,19 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
                          f"T={T}, Hk={Hk}, Hv={Hv}, S={S}")
     C = 2 * Hk * S + Hv * S
     conv_silu_prefill(proj, conv_w, conv_state, ws.u, C, stream)
-    n_rows = T * (2 * Hk + Hv)
-    _qk_norm_gates_kernel(S, Hk, Hv)[(n_rows + TPB_ROW - 1) // TPB_ROW, TPB_ROW, stream](
-        proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g, T, eps)
+    qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
+    qk_norm_gates[_row_blocks(T * n_items, S), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g,
+                                                                     T, eps)
     n_chunks = (T + BT - 1) // BT
-    chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
+    chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
                                                                  ws.P, T)
-    BV, NT = state_tiling(S)
-    chunk_state_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
-    _gated_norm_kernel(S, Hk, Hv)[(T * Hv + TPB_ROW - 1) // TPB_ROW, TPB_ROW, stream](
-        proj, norm_w, y_out, T, eps)
+    BV, NT = staged_tiling(S)
+    chunk_state_staged_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
+    _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv, S), 32 * WARPS_ROW, stream](proj, norm_w, y_out, T,
+                                                                                eps)
+
+
+def _row_blocks(n_items: int, S: int) -> int:
+    """Blocks of the row kernels for n_items rows of S elements."""
+    per_block = 32 * WARPS_ROW // lanes_per_row(S)
+    return (n_items + per_block - 1) // per_block

@@ -8,6 +8,7 @@ import math
 from numba import float32
 
 from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.ptx import shfl_xor_f32
 
 
 @cuda.jit(device=True)
@@ -17,6 +18,16 @@ def sigmoid_f32(x):
         return float32(1.0) / (float32(1.0) + float32(math.exp(-x)))
     e = float32(math.exp(x))
     return e / (float32(1.0) + e)
+
+
+@cuda.jit(device=True)
+def row_sum_f32(v, width):
+    """Sum of v over each aligned group of ``width`` lanes (a power of two <= 32), returned to every lane
+    of the group (butterfly shuffles). Every lane of the warp must call it."""
+    for m in (16, 8, 4, 2, 1):
+        if m < width:
+            v += shfl_xor_f32(v, m)
+    return v
 
 
 @cuda.jit(device=True)
