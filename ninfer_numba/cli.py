@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ninfer_numba.config import ModelFormatError
+from ninfer_numba.config import BackendUnavailableError, ModelFormatError
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
-    except (ModelFormatError, ValueError, FileNotFoundError) as e:
+    except (ModelFormatError, ValueError, FileNotFoundError, BackendUnavailableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

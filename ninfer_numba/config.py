@@ -15,6 +15,10 @@ class ModelFormatError(ValueError):
     """A model file that cannot be used, with a message that says why (shown to users without a traceback)."""
 
 
+class BackendUnavailableError(RuntimeError):
+    """The cuda backend cannot run here (no GPU or driver, or the wrong numba CUDA target)."""
+
+
 def _scalar_or_first(value: Any, key: str) -> int:
     """Per-layer arrays are allowed for some keys; this engine needs them uniform."""
     if isinstance(value, (list, tuple)):

@@ -12,6 +12,8 @@ if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 
 from numba import config  # noqa: E402
+
+from ninfer_numba.config import BackendUnavailableError  # noqa: E402
 from numba import cuda  # noqa: E402
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -28,7 +30,16 @@ def gpu_available() -> bool:
 
 
 def check_numba_cuda() -> None:
-    """Fail loudly if numba's old built-in CUDA target is active instead of the numba-cuda package."""
+    """Fail with a clear message when the cuda backend cannot run: numba's old built-in CUDA target active
+    instead of the numba-cuda package, or no usable GPU (the simulator counts as usable)."""
     impl = getattr(cuda, "implementation", "NVIDIA")
     if not SIMULATOR and impl != "NVIDIA":
-        raise RuntimeError(f"numba.cuda resolves to the {impl!r} target; install numba-cuda==0.30.4")
+        raise BackendUnavailableError(f"numba.cuda resolves to the {impl!r} target; install numba-cuda==0.30.4")
+    if not SIMULATOR and not gpu_available():
+        try:
+            n = cuda.cudadrv.driver.driver.get_device_count()
+            reason = "no CUDA device" if n == 0 else f"{n} device(s) present but not usable"
+        except Exception as e:  # the driver's own words: library missing, init failure, ...
+            reason = " ".join(str(e).split()).rstrip(" :")
+        raise BackendUnavailableError(f"the cuda backend needs an NVIDIA GPU and driver ({reason}); "
+                                      "use --backend cpu (backend='cpu') to run the NumPy reference")

@@ -87,3 +87,14 @@ def test_stop_token_ends_generation(tiny_model):
     first = llm.generate("Hello", SamplingParams(max_tokens=4)).token_ids
     r = llm.generate("Hello", SamplingParams(max_tokens=4, stop_token_ids=(first[1],)))
     assert r.token_ids == first[:2] and r.finish_reason == "stop"
+
+
+def test_cuda_backend_without_a_gpu_says_so(tiny_novocab, capsys):
+    from ninfer_numba.config import BackendUnavailableError
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    if SIMULATOR or gpu_available():
+        pytest.skip("a GPU (or the simulator) is present: the cuda backend can run")
+    with pytest.raises(BackendUnavailableError, match="--backend cpu"):
+        LLM(tiny_novocab, backend="cuda")
+    assert main(["generate", "--model", tiny_novocab, "--prompt", "hi", "--backend", "cuda"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
