@@ -26,6 +26,7 @@ Tails: rows past M or N are loaded from a clamped valid row and never stored; wh
 missing second block of the last stage is neither copied nor multiplied (uniform branch).
 """
 import numpy as np
+from numba import uint32
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
@@ -38,6 +39,7 @@ TPB = 256                       # 8 warps: 2 along M x 4 along N
 ROW_WORDS = 20                  # shared words per tile row: KB * 8 data + 4 pad
 STAGE_WORDS = BM * ROW_WORDS    # words per stage buffer (BM == BN)
 TILE_WORDS = 2 * STAGE_WORDS    # both stage buffers (a plain constant: shared shapes must be literals)
+SCALE_WORDS = 2 * KB * BM       # scales of both stage buffers: [buf, block, row] (BM == BN)
 # <= 128 registers per thread (all used, no spills at sm_90a) so two blocks share an SM; the simulator's
 # jit takes no launch_bounds
 _OCCUPANCY = {} if SIMULATOR else {"launch_bounds": (TPB, 2)}
@@ -98,6 +100,9 @@ def _mma_block(s_x, s_w, s_xs, s_ws, buf, kb, acc):
     wm = (warp >> 2) * 64
     wn = (warp & 3) * 32
     base = buf * STAGE_WORDS + kb * 8
+    # scales: flat [buf, block, row] arrays read at unsigned offsets (numba's signed 3-D indexing costs ~20
+    # integer instructions per load here, a third of this loop's SASS)
+    sbase = uint32((buf * KB + kb) * BM)
     b_frag = cuda.local.array((4, 2), dtype=np.uint32)      # [n8 tile, b0/b1]
     w_scale = cuda.local.array((4, 2), dtype=np.float32)    # [n8 tile, columns 2t / 2t+1]
     for jj in range(2):
@@ -107,15 +112,16 @@ def _mma_block(s_x, s_w, s_xs, s_ws, buf, kb, acc):
         b_frag[2 * jj, 1] = r1
         b_frag[2 * jj + 1, 0] = r2
         b_frag[2 * jj + 1, 1] = r3
+    wcol = sbase + uint32(wn + 2 * t)
     for j in range(4):
-        w_scale[j, 0] = s_ws[buf, kb, wn + j * 8 + 2 * t]
-        w_scale[j, 1] = s_ws[buf, kb, wn + j * 8 + 2 * t + 1]
+        w_scale[j, 0] = s_ws[wcol + uint32(j * 8)]
+        w_scale[j, 1] = s_ws[wcol + uint32(j * 8 + 1)]
+    xrow = sbase + uint32(wm + g)
     for i in range(4):
         arow = wm + i * 16 + (lane & 7) + 8 * (q & 1)
         a0, a1, a2, a3 = ptx.ldmatrix_x4(s_x, base + arow * ROW_WORDS + 4 * (q >> 1))
-        r = wm + i * 16 + g
-        x_lo = s_xs[buf, kb, r]
-        x_hi = s_xs[buf, kb, r + 8]
+        x_lo = s_xs[xrow + uint32(i * 16)]
+        x_hi = s_xs[xrow + uint32(i * 16 + 8)]
         for j in range(4):
             d0, d1, d2, d3 = ptx.mma_s8_16832(a0, a1, a2, a3, b_frag[j, 0], b_frag[j, 1],
                                               _MAGIC_BITS, _MAGIC_BITS, _MAGIC_BITS, _MAGIC_BITS)
@@ -131,8 +137,8 @@ def _gemm_q8_mma_kernel(wq, ws, xq, xs, out, accumulate):
     grid (ceil(N / BN), ceil(M / BM)), block (TPB,)."""
     s_x = cuda.shared.array(TILE_WORDS, dtype=np.uint32, alignment=16)  # [2 bufs, BM rows, 20 words]
     s_w = cuda.shared.array(TILE_WORDS, dtype=np.uint32, alignment=16)  # [2 bufs, BN rows, 20 words]
-    s_xs = cuda.shared.array((2, KB, BM), dtype=np.float32)                  # [buf, block, row] x scales
-    s_ws = cuda.shared.array((2, KB, BN), dtype=np.float32)                  # [buf, block, row] w scales
+    s_xs = cuda.shared.array(SCALE_WORDS, dtype=np.float32)     # [buf, block, row] x scales, flat
+    s_ws = cuda.shared.array(SCALE_WORDS, dtype=np.float32)     # [buf, block, row] w scales, flat
     m_rows, k = xq.shape
     n_rows = wq.shape[0]
     n_blocks = k // QK
@@ -148,8 +154,8 @@ def _gemm_q8_mma_kernel(wq, ws, xq, xs, out, accumulate):
 
     _issue_stage(s_x, s_w, xq, wq, m0, n0, 0, 0)
     r_xs, r_ws = _load_scales(xs, ws, m0, n0, 0)
-    s_xs[0, tid & 1, tid >> 1] = r_xs
-    s_ws[0, tid & 1, tid >> 1] = r_ws
+    s_xs[(tid & 1) * BM + (tid >> 1)] = r_xs
+    s_ws[(tid & 1) * BM + (tid >> 1)] = r_ws
     for stage in range(n_stages):
         buf = stage & 1
         ptx.cp_async_wait_all()        # this thread's copies of `stage` have landed ...
@@ -162,8 +168,8 @@ def _gemm_q8_mma_kernel(wq, ws, xq, xs, out, accumulate):
             if stage * KB + kb < n_blocks:
                 _mma_block(s_x, s_w, s_xs, s_ws, buf, kb, acc)
         if has_next:                   # buf ^ 1's scales were last read before this stage's barrier
-            s_xs[buf ^ 1, tid & 1, tid >> 1] = r_xs
-            s_ws[buf ^ 1, tid & 1, tid >> 1] = r_ws
+            s_xs[((buf ^ 1) * KB + (tid & 1)) * BM + (tid >> 1)] = r_xs
+            s_ws[((buf ^ 1) * KB + (tid & 1)) * BM + (tid >> 1)] = r_ws
 
     lane = tid & 31
     warp = tid >> 5
