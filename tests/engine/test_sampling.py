@@ -35,9 +35,6 @@ class DeviceEmulatingRunner(CpuRunner):
     def prefill_sampled(self, ids):
         return self._pick(self.prefill(ids))
 
-    def decode_sampled(self, token):
-        return self._pick(self.decode(token))
-
     def run_ahead(self, first, sampled=False):
         """The CUDA runner's loop without the overlap: each step feeds back its own choice."""
         tok = first
