@@ -78,19 +78,24 @@ class CudaRunner:
         self._pick_kernels(sampled)
 
     def _replay(self, sampled: bool = False) -> None:
+        """One decode step, its position counted: a graph replay (the captured forward's own count ran once,
+        at capture), or under the CUDA simulator, which has no graphs, the same launches eagerly (forward
+        counts the position itself)."""
         graph = self._graphs.get(sampled)
-        if graph is None:               # the CUDA simulator has no graphs: the same launches, eagerly
+        if graph is None:
             self._decode_step_kernels(sampled)
         else:
             graph.launch()
+            self.state.host_pos += 1
 
-    def _run_tokens(self, ids: np.ndarray, st: SequenceState) -> None:
-        """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0]."""
+    def _run_tokens(self, ids: np.ndarray, st: SequenceState, tap=None) -> None:
+        """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0].
+        tap: passed to each chunk's forward (model/qwen35.py), for layer-by-layer checks."""
         chunk = self.model.buf.t_max
         for s in range(0, len(ids), chunk):
             part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
             self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
-            self.model.forward(len(part), st)
+            self.model.forward(len(part), st, tap=tap)
 
     def _set_token(self, token: int) -> None:
         """The token the next replay embeds, through the pinned staging word."""
@@ -106,7 +111,6 @@ class CudaRunner:
     def _step(self) -> int:
         """One greedy replay; the token it wrote into tokens[0] is read back (4 bytes) and returned."""
         self._replay()
-        self.state.host_pos += 1
         return self._read_token()
 
     def _check_room(self, n: int) -> None:
@@ -125,7 +129,6 @@ class CudaRunner:
     def decode(self, token: int) -> np.ndarray:
         self._set_token(token)
         self._replay()
-        self.state.host_pos += 1
         return self.model.logits[0].copy_to_host(stream=self.stream)
 
     def decode_greedy(self, token: int) -> int:
@@ -143,7 +146,6 @@ class CudaRunner:
 
         def enqueue(n: int) -> None:
             self._replay(sampled)
-            self.state.host_pos += 1
             self.model.buf.tokens[:1].copy_to_host(self._ahead_tok[n % 2], stream=self.stream)
             self._ahead_done[n % 2].record(self.stream)
 

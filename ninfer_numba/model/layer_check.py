@@ -25,7 +25,7 @@ def gpu_residual_streams(runner, ids: list[int], n_gen: int) -> tuple[list[np.nd
     Returns streams [n_layer + 1] of [P + n_gen, n_embd] float32 (index 0: after the embedding, i + 1:
     after layer i), logits [n_gen + 1, V] (after the prompt, then after each decode step) and the tokens.
     """
-    model, st, s = runner.model, runner.state, runner.stream
+    model, s = runner.model, runner.stream
     runner.reset()
     taps: dict[int, list[np.ndarray]] = {}
 
@@ -34,16 +34,12 @@ def gpu_residual_streams(runner, ids: list[int], n_gen: int) -> tuple[list[np.nd
         s.synchronize()
 
     def run(part: list[int]) -> np.ndarray:
-        model.buf.tokens[:len(part)].copy_to_device(np.asarray(part, np.int32), stream=s)
-        model.forward(len(part), st, tap=tap)
+        runner._run_tokens(np.asarray(part, np.int32), runner.state, tap=tap)
         out = model.logits[0].copy_to_host(stream=s)
         s.synchronize()
         return out
 
-    chunk = model.buf.t_max
-    for b in range(0, len(ids), chunk):
-        last = run(ids[b:b + chunk])
-    rows, toks = [last], []
+    rows, toks = [run(ids)], []
     for _ in range(n_gen):
         toks.append(int(np.argmax(rows[-1])))
         rows.append(run([toks[-1]]))

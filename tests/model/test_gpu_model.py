@@ -17,17 +17,22 @@ SPEC = TinySpec(n_embd=64, n_layer=4, n_head=2, n_head_kv=1, head_dim=32, n_rot=
                 ssm_heads=16, ssm_state=16, n_vocab=320, tied=False)
 
 
+def _tiny_gpu_llm(tmp_path):
+    """The SPEC model (Q8_0, seed 21) on the cuda backend, prefill in 32-token chunks."""
+    from ninfer_numba import LLM
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    return LLM(path, backend="cuda", max_seq=96, prefill_chunk=32)
+
+
 def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.gpu
 def test_gpu_model_against_reference(tmp_path):
-    from ninfer_numba import LLM
     from ninfer_numba.model.reference import ReferenceModel
-    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
-                      matrix_type=QT.Q8_0)
-    llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32)
+    llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()   # > two 32-token chunks
     gpu_prompt = llm.logits(prompt)
     llm.runner.reset()
@@ -61,11 +66,9 @@ def test_gpu_model_against_reference(tmp_path):
 def test_device_sampling_matches_host_sampler(tmp_path, cfg):
     """LLM.stream's graph-replayed device sampler (or argmax), one step run ahead, picks what the host sampler
     picks from the same logits, step by step."""
-    from ninfer_numba import LLM, SamplingParams
+    from ninfer_numba import SamplingParams
     from ninfer_numba.engine.sampling import Sampler
-    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
-                      matrix_type=QT.Q8_0)
-    llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32)
+    llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(4).integers(0, SPEC.n_vocab, 40).tolist()
     params = SamplingParams(max_tokens=24, ignore_eos=True, **cfg)
     device = list(llm.stream(prompt, params))
@@ -81,11 +84,8 @@ def test_device_sampling_matches_host_sampler(tmp_path, cfg):
 @pytest.mark.gpu
 def test_gpu_layers_match_reference_layers(tmp_path):
     """Each layer and the head, fed the GPU's own input, within 5e-3 of the int8-emulating reference."""
-    from ninfer_numba import LLM
     from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
-    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
-                      matrix_type=QT.Q8_0)
-    llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32)
+    llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()
     streams, logits, toks = gpu_residual_streams(llm.runner, prompt, 8)
     assert len(streams) == SPEC.n_layer + 1 and streams[0].shape == (78, SPEC.n_embd) and len(toks) == 8
