@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.numba_env import KERNEL_CACHE, cuda
 
 QK = 32          # Q8_0 block length
 TPB_EMBED = 128  # threads per block; blockIdx.y is the token
@@ -27,7 +27,7 @@ def embed_gather_q8_ref(wq: np.ndarray, ws: np.ndarray, tokens: np.ndarray) -> n
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=KERNEL_CACHE)
 def _embed_q8_kernel(wq, ws, tokens, out):
     """wq [V, D] int8, ws [V, D/32] float16, tokens [T] int32, out [T, D] float32; grid (ceil(D/TPB), T)."""
     t = cuda.blockIdx.y

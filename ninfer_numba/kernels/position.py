@@ -6,32 +6,32 @@ device int32 [1] buffers; these kernels update them inside the captured step.
 """
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.numba_env import KERNEL_CACHE, cuda
 
 TPB = 256
 
 
-@cuda.jit
+@cuda.jit(cache=KERNEL_CACHE)
 def _set_kv_len(pos, kv_len, t):
     # pos: [1] int32, kv_len: [1] int32 (out), t: tokens of this forward
     if cuda.grid(1) == 0:
         kv_len[0] = pos[0] + t
 
 
-@cuda.jit
+@cuda.jit(cache=KERNEL_CACHE)
 def _advance(pos, t):
     # pos: [1] int32 (in/out)
     if cuda.grid(1) == 0:
         pos[0] += t
 
 
-@cuda.jit
+@cuda.jit(cache=KERNEL_CACHE)
 def _set(pos, value):
     if cuda.grid(1) == 0:
         pos[0] = value
 
 
-@cuda.jit
+@cuda.jit(cache=KERNEL_CACHE)
 def _fill_zero(a):
     # a: [N] float32, grid-stride
     i = cuda.grid(1)
