@@ -140,6 +140,17 @@ def time_one(llm, test: BenchTest, seed: int) -> float:
     return llm.bench_decode(test.n_gen, test.n_depth, seed=seed)
 
 
+def kernel_start_settings() -> dict:
+    """How the kernels of the load just done came to be: compiled here (a cold start) or read from the
+    on-disk cache (warm); both when the cache held some of them."""
+    from ninfer_numba.kernels.kernel_cache import cache_stats
+
+    st = cache_stats()
+    start = "warm" if st["compiled"] == 0 else "cold" if st["loaded"] == 0 else "partly warm"
+    log(f"kernels: {st['compiled']} specializations compiled, {st['loaded']} read from {st['cache_dir']}")
+    return {"kernel_start": start, "kernels_compiled_at_load": st["compiled"], "kernels_loaded_at_load": st["loaded"]}
+
+
 def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_type: str,
                gemm: str) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
     """Our engine on every test: (test, samples_tps, settings, compile_seconds) per test, and describe()."""
@@ -153,6 +164,8 @@ def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_
     load_s = time.perf_counter() - t0
     described = llm.describe()
     log(f"ninfer loaded {model.name} on {llm.backend} in {load_s:.1f} s (compile {llm.compile_seconds:.1f} s)")
+    if backend == "cuda":
+        described.update(kernel_start_settings())
     results = []
     for test in tests:
         before = llm.compile_seconds

@@ -100,8 +100,15 @@ def markdown_table(records: list[dict]) -> str:
         ratio = speedup(row)
         lines.append(f"| {row['model']} | {row['test']} | {base_cell} | {_fmt(ours and ours['median_tps'], ',.1f')} "
                      f"| {_fmt(ratio, '.2f') + 'x' if ratio is not None else ''} | {_roofline_cell(ours)} "
-                     f"| {_fmt(ours and ours.get('compile_seconds'), '.1f')} |")
+                     f"| {_compile_cell(ours)} |")
     return "\n".join(lines) + "\n"
+
+
+def _compile_cell(rec: dict | None) -> str:
+    """Compile seconds, and whether the process compiled its kernels (cold) or loaded them from disk (warm)."""
+    cell = _fmt(rec and rec.get("compile_seconds"), ".1f")
+    start = (rec or {}).get("settings", {}).get("kernel_start")
+    return f"{cell} ({start})" if cell and start else cell
 
 
 def _series(records: list[dict], engine: str, kind: str) -> tuple[list[int], list[float]]:

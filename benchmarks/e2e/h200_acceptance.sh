@@ -8,7 +8,8 @@
 #   STAGE=3: 27b: make the file, prefill and decode through the harness (our engine), the GPU test suite
 #   STAGE=4: (a fresh machine) whole-model GPU tests, the server again, llama.cpp as a logits oracle on the
 #            9b and 0.8b files, 0.8b against the reference
-#   STAGE=5: (branch next/gdn-state-v2) GDN and whole-model GPU tests, GDN stage timings, our prefill
+#   STAGE=5: the whole GPU suite, GDN stage timings, the GEMM (and the previous GEMM kernel from ab/, if there)
+#   STAGE=6: cold and warm start with a fresh kernel cache, our prefill and decode on the 9b file
 # Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha [PACK=file.tgz] bash benchmarks/e2e/h200_acceptance.sh
 # PACK: also write everything under OUT into one archive (for transports that return only a few files).
 set -u
@@ -81,19 +82,31 @@ case "${STAGE:-1}" in
   say "0.8b vs reference:"; tail -1 "$OUT/e2e_08b.log" | cut -c1-2500
   ;;
 5)
+  # the whole GPU suite, GDN stage timings, the GEMM before/after (ab/gemm_q8_mma_main.py, if present)
   [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
     > "$OUT/make_9b.log" 2>&1 &
-  gen=$!
-  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_gdn_prefill.py tests/kernels/test_gdn_decode.py \
-    tests/model -p no:cacheprovider > "$OUT/test_gdn_gpu.log" 2>&1
-  say "GDN + model GPU tests: $(tail -1 "$OUT/test_gdn_gpu.log")"; grep "^FAILED" "$OUT/test_gdn_gpu.log" | cut -c1-200 | head
-  timeout 180 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages --prefill-lengths 8192 \
+  timeout 230 python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider > "$OUT/test_gpu_all.log" 2>&1
+  say "GPU suite: $(tail -1 "$OUT/test_gpu_all.log")"; grep "^FAILED" "$OUT/test_gpu_all.log" | cut -c1-200 | head
+  timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages --prefill-lengths 8192 \
     > "$OUT/bench_gdn.log" 2>&1
   say "GDN stages:"; tail -14 "$OUT/bench_gdn.log"
-  wait $gen
-  timeout 200 python3 -m ninfer_numba bench --models 9b --tests pp512,pp2048,pp8192 --reps 3 --skip-llamacpp \
-    --out "$OUT/bench_pp" > "$OUT/bench_pp.log" 2>&1
-  say "prefill:"; grep -v "^WARNING" "$OUT/bench_pp.log" | tail -6
+  gemm() { timeout 70 python3 -m benchmarks.kernels.bench_gemm --only gemm --paths mma --m 512,2048,8192 > "$1" 2>&1
+           say "GEMM ($1):"; grep -v "^WARNING" "$1" | tail -4; }
+  gemm "$OUT/bench_gemm.log"
+  if [ -f ab/gemm_q8_mma_main.py ]; then
+    cp ninfer_numba/kernels/gemm_q8_mma.py /tmp/gemm_q8_mma_branch.py && cp ab/gemm_q8_mma_main.py ninfer_numba/kernels/
+    gemm "$OUT/bench_gemm_main.log"; cp /tmp/gemm_q8_mma_branch.py ninfer_numba/kernels/gemm_q8_mma.py
+  fi
+  wait
+  ;;
+6)
+  # cold and warm start (fresh cache folder), then our prefill and decode on the 9b file
+  timeout 200 python3 -m benchmarks.e2e.cold_warm_start --model models/q35-9b.gguf --warm-runs 2 \
+    --out "$OUT/cold_warm_9b.json" > "$OUT/cold_warm.log" 2>&1
+  say "cold/warm start:"; grep -E "^(cold|warm)" "$OUT/cold_warm.log"
+  timeout 240 python3 -m ninfer_numba bench --models 9b --tests pp512,pp2048,pp8192,tg128 --reps 3 --skip-llamacpp \
+    --out "$OUT/bench_ours" > "$OUT/bench_ours.log" 2>&1
+  say "ours:"; grep -v "^WARNING" "$OUT/bench_ours.log" | tail -8
   ;;
 esac
 if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$OUT" . && say "packed $OUT into $PACK"; fi

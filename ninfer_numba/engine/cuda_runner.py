@@ -36,7 +36,7 @@ class CudaRunner:
         self._host_tok = cuda.pinned_array(1, np.int32)
         # run_ahead: two pinned words and events, the token of step n lands in slot n % 2
         self._ahead_tok = [cuda.pinned_array(1, np.int32) for _ in range(2)]
-        self._ahead_done = [cuda.event(timing=False) for _ in range(2)]
+        self._ahead_done = [cuda.event() if SIMULATOR else cuda.event(timing=False) for _ in range(2)]  # sim: no kwargs
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
         self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]

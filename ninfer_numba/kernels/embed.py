@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import cuda
 
 QK = 32          # Q8_0 block length
 TPB_EMBED = 128  # threads per block; blockIdx.y is the token
@@ -27,7 +28,7 @@ def embed_gather_q8_ref(wq: np.ndarray, ws: np.ndarray, tokens: np.ndarray) -> n
     return out
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _embed_q8_kernel(wq, ws, tokens, out):
     """wq [V, D] int8, ws [V, D/32] float16, tokens [T] int32, out [T, D] float32; grid (ceil(D/TPB), T)."""
     t = cuda.blockIdx.y

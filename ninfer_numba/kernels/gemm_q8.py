@@ -17,7 +17,8 @@ import numpy as np
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.gemm_q8_mma import gemm_q8_mma
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, SIMULATOR, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.quant_ref import QK, q8_matmul_ref  # noqa: F401  (reference of this family)
 
 BM = 64                      # x rows (M) per block tile
@@ -27,7 +28,7 @@ WPAD = 9                     # words per shared row: 8 words of a Q8 block + 1 s
 _F0 = np.float32(0.0)
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _gemm_q8_dp4a_kernel(wq, ws, xq, xs, out, accumulate):
     """wq: [N, K] int8, ws: [N, K/32] f16, xq: [M, K] int8, xs: [M, K/32] f32, out: [M, N] f32.
     grid (ceil(N / BN), ceil(M / BM)), block (TPB,)."""

@@ -29,7 +29,8 @@ import numpy as np
 from numba import uint32
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, SIMULATOR, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.quant_ref import QK
 
 BM = 128                        # x rows (M) per block tile
@@ -131,7 +132,7 @@ def _mma_block(s_x, s_w, s_xs, s_ws, buf, kb, acc):
             acc[i, j, 3] += (x_hi * w_scale[j, 1]) * _biased_to_f32(d3)
 
 
-@cuda.jit(cache=KERNEL_CACHE, **_OCCUPANCY)
+@cached_jit(**_OCCUPANCY)
 def _gemm_q8_mma_kernel(wq, ws, xq, xs, out, accumulate):
     """wq: [N, K] int8, ws: [N, K/32] f16, xq: [M, K] int8, xs: [M, K/32] f32, out: [M, N] f32.
     grid (ceil(N / BN), ceil(M / BM)), block (TPB,)."""

@@ -23,7 +23,8 @@ step is branch-free and every lane reaches every shuffle. Rows past N are clampe
 import numpy as np
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, SIMULATOR, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.quant_ref import q8_matmul_ref  # noqa: F401  (reference of this family)
 
 WARPS = 4                    # rows per thread block (one warp each)
@@ -45,7 +46,7 @@ def _dot16(w, x):
     return ptx.dp4a(w[3], x[3], s)
 
 
-@cuda.jit(cache=KERNEL_CACHE, **_OCCUPANCY)
+@cached_jit(**_OCCUPANCY)
 def _gemv_q8_kernel(wq, ws, xq, xs, out, accumulate):
     """wq: [N, K] int8, ws: [N, K/32] f16, xq: [1, K] int8, xs: [1, K/32] f32, out: [N] f32.
     grid (ceil(N / WARPS),), block (32 * WARPS,)."""

@@ -6,32 +6,33 @@ device int32 [1] buffers; these kernels update them inside the captured step.
 """
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import cuda
 
 TPB = 256
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _set_kv_len(pos, kv_len, t):
     # pos: [1] int32, kv_len: [1] int32 (out), t: tokens of this forward
     if cuda.grid(1) == 0:
         kv_len[0] = pos[0] + t
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _advance(pos, t):
     # pos: [1] int32 (in/out)
     if cuda.grid(1) == 0:
         pos[0] += t
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _set(pos, value):
     if cuda.grid(1) == 0:
         pos[0] = value
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _fill_zero(a):
     # a: [N] float32, grid-stride
     i = cuda.grid(1)

@@ -23,7 +23,8 @@ import math
 import numpy as np
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.quant_ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
                                             silu_mul_quant_ref)
 
@@ -97,7 +98,7 @@ def _silu_mul(g, u):
 
 # ---------------------------------------------------------------- kernels -----------------------------
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _quantize_rows_kernel(x, xq, xs):
     """x: [M, K] float32 -> xq: [M, K] int8, xs: [M, K/32] float32; grid (M, ceil(K/32/TPB)), block (TPB,)."""
     vals = cuda.local.array(QK, dtype=np.float32)        # [32] this thread's block (registers)
@@ -108,7 +109,7 @@ def _quantize_rows_kernel(x, xq, xs):
         _quantize_block_store(vals, xq, xs, m, b)
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _rmsnorm_quant_kernel(x, w, eps, xq, xs):
     """y = x / sqrt(mean(x^2) + eps) * w, quantized. x: [M, K] f32, w: [K] f32;
     grid (M, ceil(K/32/TPB)), block (TPB,)."""
@@ -131,7 +132,7 @@ def _rmsnorm_quant_kernel(x, w, eps, xq, xs):
         _quantize_block_store(vals, xq, xs, m, b)
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _silu_mul_quant_kernel(gu, xq, xs):
     """silu(gu[:, :F]) * gu[:, F:], quantized. gu: [M, 2F] f32 -> xq: [M, F] int8, xs: [M, F/32] f32;
     grid (M, ceil(F/32/TPB)), block (TPB,)."""

@@ -17,7 +17,8 @@ import secrets
 
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.sample_select import (
     D_ARGMAX, D_TRANSFORM, F_U, F_ZMAX, G_MAX, IDX_MASK, ITEMS, N_PARAMS, N_REFINE, N_ST, N_STF, NB, P_FREQ,
     P_MIN_P, P_PRES, P_REP, P_SEED_HI, P_SEED_LO, P_STEP, P_TEMP, P_TOP_K, P_TOP_P, PH_DONE, PH_HIST1,
@@ -126,7 +127,7 @@ def _philox_uniform(seed_lo, seed_hi, step):
 
 # ---------------------------------------------------------------- kernels
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _argmax_kernel(logits, part_val, part_idx, done, out_token):
     """logits [V] float32 -> out_token [1] int32: first index of the maximum."""
     s_v = cuda.shared.array(TPB, np.float32)
@@ -161,7 +162,7 @@ def _argmax_kernel(logits, part_val, part_idx, done, out_token):
         done[D_ARGMAX] = 0
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _transform_kernel(logits, counts, params, z, part_val, part_idx, done, st, stf,
                       hist1_cnt, hist1_mass, histl_cnt, histl_mass, out_token):
     """z = penalised logits / temperature; argmax of z (greedy ends here); draw u; reset the select state."""
@@ -230,7 +231,7 @@ def _transform_kernel(logits, counts, params, z, part_val, part_idx, done, st, s
             st[S_PHASE] = PH_DONE
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _update_counts_kernel(counts, out_token):
     if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
         t = out_token[0]

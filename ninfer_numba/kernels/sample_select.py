@@ -20,7 +20,8 @@ import math
 
 import numpy as np
 
-from ninfer_numba.kernels.numba_env import KERNEL_CACHE, SIMULATOR, cuda
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 TPB = 32 if SIMULATOR else 256          # threads per block (the simulator runs ~6k threads/s)
 ITEMS = 32 if SIMULATOR else 4          # tokens per thread when sizing the grid
@@ -244,7 +245,7 @@ def _advance(st, stf, params, hist1_cnt, hist1_mass, histl_cnt, histl_mass, fres
 
 # ---------------------------------------------------------------- kernels
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _hist1_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, histl_mass, done, out_token):
     """Level-1 histogram (counts, fixed-point masses) of all tokens; m_min, F(m_min), F(V); start selects."""
     s_cnt = cuda.shared.array(NB, np.int32)
@@ -312,7 +313,7 @@ def _hist1_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, h
     _advance(st, stf, params, hist1_cnt, hist1_mass, histl_cnt, histl_mass, False, out_token, s_a, s_b, s_res)
 
 
-@cuda.jit(cache=KERNEL_CACHE)
+@cached_jit()
 def _refine_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, histl_mass, done, out_token):
     """One deeper digit of the current select over the tokens matching its prefix (or emit the drawn token)."""
     s_cnt = cuda.shared.array(NB, np.int32)

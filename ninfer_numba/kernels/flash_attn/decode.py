@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32
 
@@ -105,7 +106,7 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
     SO, SML = DEC_WARPS * G * D, DEC_WARPS * G * 2
     occupancy = {} if SIMULATOR else {"launch_bounds": (DEC_TPB, DEC_BLOCKS_PER_SM)}
 
-    @cuda.jit(**occupancy)
+    @cached_jit(**occupancy)
     def partial_kernel(q, k_cache, v_cache, kv_len_buf, part_o, part_ml):
         s = cuda.blockIdx.x
         kh = cuda.blockIdx.y
@@ -213,7 +214,7 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
                 part_ml[s, kh * G + g, 0] = m_all
                 part_ml[s, kh * G + g, 1] = l_all
 
-    @cuda.jit
+    @cached_jit()
     def combine_kernel(part_o, part_ml, kv_len_buf, proj, out):
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x

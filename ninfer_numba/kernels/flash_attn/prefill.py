@@ -26,6 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
 PF_TPB = 128          # threads per block
@@ -54,7 +55,7 @@ def _prefill_kernel(H: int, Hkv: int, D: int):
     SSZ = BQ * SS
     scale = np.float32(1.0 / math.sqrt(D))
 
-    @cuda.jit
+    @cached_jit()
     def kernel(q, k_cache, v_cache, pos0_buf, proj, out):
         qt0 = cuda.blockIdx.x * BQ
         h = cuda.blockIdx.y

@@ -45,6 +45,7 @@ from numba import types
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import ldmatrix_x4, ldmatrix_x4_trans, mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 N_WARPS = 4                  # warps per block; each owns one m16 tile of query rows
@@ -127,7 +128,7 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
     # ≤ 255 registers: with 4 warps two blocks share an SM (2 × 101 KiB of shared memory fits 227 KiB)
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, max(1, 8 // n_warps))}
 
-    @cuda.jit(**occupancy)
+    @cached_jit(**occupancy)
     def kernel(q, k_cache, v_cache, pos0_buf, proj, out):
         # dynamic arrays take numba dtypes: the simulator sizes them from dtype.itemsize
         smem = cuda.shared.array(0, types.uint32, alignment=16)      # Q | K | V tiles (module docstring)

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
 NORM_TPB = 64          # threads per block; a head of d = 256 gives 4 elements per thread
@@ -30,7 +31,7 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int):
     NQG = 2 * D * H                                # proj columns of the interleaved q|gate blocks
     PER_THREAD = (D + NORM_TPB - 1) // NORM_TPB
 
-    @cuda.jit
+    @cached_jit()
     def kernel(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, neg2_log_base_over_rot, eps):
         t = cuda.blockIdx.x
         slot = cuda.blockIdx.y

@@ -22,6 +22,7 @@ from ninfer_numba.kernels.gdn.chunk_kernels import BT
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, row_sum_f32, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 WARPS_ROW = 4      # warps per block of the row kernels
@@ -45,7 +46,7 @@ def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
     NR = 2 * Hk + NG           # items per token: 2*Hk L2 norms (q heads, then k heads), then gates
     NPL = (S + LPR - 1) // LPR  # elements per lane of a head row
 
-    @cuda.jit
+    @cached_jit()
     def qk_norm_gates(proj, u, ssm_a, dt_bias, beta, g, T, eps):
         # proj: [T, P], u: [T, C] (q, k heads normalised in place), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
         # LPR lanes per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles,
@@ -86,7 +87,7 @@ def _gated_norm_kernel(S: int, Hk: int, Hv: int):
     LPR = lanes_per_row(S)
     NPL = (S + LPR - 1) // LPR
 
-    @cuda.jit
+    @cached_jit()
     def gated_norm(proj, norm_w, y, T, eps):
         # y: [T, Hv*S] raw o in, RMSNorm(o) * norm_w * silu(z) out; norm_w: [S]; LPR lanes per (t, head)
         gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x

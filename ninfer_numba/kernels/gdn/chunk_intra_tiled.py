@@ -18,6 +18,7 @@ from functools import lru_cache
 from numba import float32, uint32
 
 from ninfer_numba.kernels.gdn.chunk_kernels import BT
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
 TL = 4                           # tile edge of the A / P products
@@ -37,7 +38,7 @@ def chunk_intra_tiled_kernel(S: int, Hk: int, Hv: int):
     K0 = Hk * S                    # u column of key head 0
     V0 = 2 * Hk * S                # u column of value head 0
 
-    @cuda.jit
+    @cached_jit()
     def chunk_intra_tiled(u, beta, g, G_out, W_out, U_out, P_out, T):
         # u: [T, C] f32, beta, g: [T, Hv] f32 -> G_out: [Hv, T], W_out, U_out: [Hv, T, S], P_out: [Hv, T, BT]
         tid = cuda.threadIdx.x

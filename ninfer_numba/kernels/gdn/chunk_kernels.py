@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from numba import float32
 
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
 BT = 64            # chunk length
@@ -36,7 +37,7 @@ def chunk_intra_kernel(S: int, Hk: int, Hv: int):
     K0 = Hk * S                    # u column of key head 0
     V0 = 2 * Hk * S                # u column of value head 0
 
-    @cuda.jit
+    @cached_jit()
     def chunk_intra(u, beta, g, G_out, W_out, U_out, P_out, T):
         # u: [T, C] f32, beta, g: [T, Hv] f32 -> G_out: [Hv, T], W_out, U_out: [Hv, T, S], P_out: [Hv, T, BT]
         tid = cuda.threadIdx.x
@@ -119,7 +120,7 @@ def chunk_state_kernel(S: int, Hk: int, Hv: int, BV: int = 16):
     K0 = Hk * S
     SCALE = 1.0 / math.sqrt(S)
 
-    @cuda.jit
+    @cached_jit()
     def chunk_state(u, G, W, U, P, state, o_out, T):
         # u: [T, C], G: [Hv, T], W, U: [Hv, T, S], P: [Hv, T, BT], state: [Hv, S, S] (in/out),
         # o_out: [T, Hv*S] raw (un-normalised) output

@@ -25,6 +25,7 @@ from functools import lru_cache
 from numba import float32, uint32
 
 from ninfer_numba.kernels.gdn.chunk_kernels import BT
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 BV_STAGED = 16     # value columns per block
@@ -67,7 +68,7 @@ def chunk_state_staged_kernel(S: int, Hk: int, Hv: int):
     # two blocks per SM (<= 128 registers): 256 blocks at 9B then run in one wave on 132 SMs
     occupancy = {} if SIMULATOR else {"launch_bounds": (NT, 2)}
 
-    @cuda.jit(**occupancy)
+    @cached_jit(**occupancy)
     def chunk_state_staged(u, G_cum, W, U, P, state, o_out, T):
         # u: [T, C], G_cum: [Hv, T], W, U: [Hv, T, S], P: [Hv, T, BT], state: [Hv, S, S] (in/out),
         # o_out: [T, Hv*S] raw (un-normalised) output

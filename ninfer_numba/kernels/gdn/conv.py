@@ -13,6 +13,7 @@ from functools import lru_cache
 from numba import float32
 
 from ninfer_numba.kernels.gdn.device_math import silu_f32
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
 TPB = 128          # threads per block: channels
@@ -24,7 +25,7 @@ def _conv_silu_kernel(K: int):
     """Kernel specialised for K taps (the window lives in registers)."""
     KM1 = K - 1
 
-    @cuda.jit
+    @cached_jit()
     def conv_silu(proj, w, state, u, T, C):
         # proj: [T, P] f32 (channels are columns [0, C)), w: [C, K] f32, state: [K-1, C] f32, u: [T, C] f32
         ch = cuda.blockIdx.x * TPB + cuda.threadIdx.x
@@ -55,7 +56,7 @@ def _conv_silu_kernel(K: int):
 def _conv_state_shift_kernel(K: int):
     KM1 = K - 1
 
-    @cuda.jit
+    @cached_jit()
     def conv_state_shift(proj, state, T, C):
         # state[i] <- (state ++ x)[T + i]: ascending i reads slot T + i > i before anything overwrites it
         ch = cuda.blockIdx.x * TPB + cuda.threadIdx.x

@@ -28,6 +28,7 @@ from numba import float32, int32
 
 from ninfer_numba.kernels.gdn.device_math import (block_sum2_pow2, block_sum_pow2, gate_log_decay,
                                                    sigmoid_f32, silu_f32)
+from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
 KG = 4             # key-row groups per value column
@@ -56,7 +57,7 @@ def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
     KEY_BLOCKS = NTILES * (Hv // Hk)
     SCALE = 1.0 / math.sqrt(S)
 
-    @cuda.jit
+    @cached_jit()
     def gdn_decode(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, sync_counts, eps):
         # proj: [P] f32, conv_w: [C, K] f32, conv_state: [K-1, C] f32 (in/out), ssm_a, dt_bias: [Hv] f32,
         # norm_w: [S] f32, state: [Hv, S, S] f32 (in/out), y_out: [Hv*S] f32, sync_counts: [Hv+Hk] i32
