@@ -98,3 +98,10 @@ def test_main_reports_missing_input(tmp_path, capsys):
 def test_empty_results_readme(tmp_path):
     text = plot.write_results_readme(tmp_path).read_text()
     assert "No runs yet" in text
+
+
+def test_compile_cell_says_cold_or_warm():
+    assert plot._compile_cell(None) == ""
+    assert plot._compile_cell({"compile_seconds": 17.49}) == "17.5"
+    warm = {"compile_seconds": 0.74, "settings": {"kernel_start": "warm"}}
+    assert plot._compile_cell(warm) == "0.7 (warm)"
