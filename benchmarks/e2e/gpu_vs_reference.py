@@ -8,14 +8,18 @@ model is causal, so position i's logits depend only on tokens ≤ i), once emula
 activation quantization and once in float. Reports ‖gpu − ref‖/‖ref‖, top-1 agreement per position, and
 whether the greedy tokens equal the reference's argmax at each step.
 
-Then layer by layer (model/layer_check.py): every int8-emulating reference layer fed the GPU's own input,
-over the same prompt + greedy tokens, prefill and decode kernels both.
+Then the int8-emulating reference that follows the GPU's rounding at near-ties (model/act_follow.py): the
+GPU run records every int8 activation; the reference keeps its own values and its own quantization except
+where the GPU's level differs and is still a valid rounding of the reference's value (within 0.02 levels of
+the midpoint), and counts any other difference as a disagreement. Then layer by layer (model/layer_check.py):
+every int8-emulating reference layer fed the GPU's own input, over the same prompt + greedy tokens.
 
-PASS needs either the strict end-to-end criterion (< 5e-3 against the int8-emulating reference, ≥ 99%
-top-1, identical greedy tokens), or both the same-precision oracle (distance to the float reference ≤ 2×
-the int8-emulating reference's own) and the layer-local bound (every layer and the head within 5e-3 of the
-int8-emulating reference fed the GPU's input): int8 rounding flips cascade through the layers (see
-model/layer_check.py), so end to end only the oracle is attainable on random synthetic models.
+PASS: against the tie-following reference, relative logit error < 5e-3 at every position, >= 99% top-1,
+the 64 greedy tokens identical (graph path, eager tapped path and the reference's argmax), no disagreement;
+and the layer-local bound (every layer and the head within 5e-3). Reported beside them: the plain
+int8-emulating reference end to end (int8 rounding flips cascade through the layers, so on random synthetic
+models it lands at the int8 noise level: see model/layer_check.py), the float reference, and the
+same-precision oracle (distance to the float reference <= 2x the int8-emulating reference's own).
 """
 from __future__ import annotations
 
@@ -34,6 +38,24 @@ def _compare(gpu: np.ndarray, ref: np.ndarray) -> dict:
     return {"rel_error": rel, "top1_agreement": top, "worst_row_rel_error": worst}
 
 
+def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int]) -> dict:
+    """The tapped GPU run against the tie-following int8 reference, every position."""
+    from ninfer_numba.model.act_follow import TieFollower, gpu_activations
+    from ninfer_numba.model.reference import ReferenceModel
+    t1 = time.perf_counter()
+    acts, gpu, toks = gpu_activations(llm.runner, ids, n_gen)                # gpu: [P + n_gen, V]
+    ref = ReferenceModel(llm.weights, emulate_int8=True)
+    ref.act_hook = follower = TieFollower(acts, llm.config.n_layer)
+    ref_logits = ref.forward(ids + toks, ref.new_state(len(ids) + n_gen))
+    p = len(ids)
+    ref_greedy = ref_logits[p - 1:p + n_gen - 1].argmax(-1).tolist()
+    return {"all": _compare(gpu, ref_logits), "prefill": _compare(gpu[:p], ref_logits[:p]),
+            "decode": _compare(gpu[p:], ref_logits[p:]), "follower": follower.report(),
+            "greedy_tokens_identical": ref_greedy == toks == graph_tokens,
+            "tapped_tokens_equal_graph_path": toks == graph_tokens,
+            "seconds": time.perf_counter() - t1}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -43,6 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-float", action="store_true", help="skip the float (non-emulating) reference")
     ap.add_argument("--skip-layers", action="store_true", help="skip the layer-by-layer comparison")
+    ap.add_argument("--skip-following", action="store_true", help="skip the tie-following reference")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
     from ninfer_numba.model.reference import ReferenceModel
@@ -88,6 +111,9 @@ def main(argv=None) -> int:
     if "float" in refs:
         # same-precision oracle: the int8-emulating reference's own distance to the float reference
         report["int8_reference_vs_float"] = _compare(refs["int8_emulating"], refs["float"])
+    if not a.skip_following:
+        report["int8_following"] = _following(llm, ids, a.gen, toks)
+        log("int8_following: " + json.dumps(report["int8_following"]))
     if not a.skip_layers:
         from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
         t1 = time.perf_counter()
@@ -97,21 +123,22 @@ def main(argv=None) -> int:
         local["seconds"] = time.perf_counter() - t1
         report["layer_local"] = local
         log("layer_local: " + json.dumps({k: v for k, v in local.items() if k != "layers"}))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(report, f, indent=1)
-    strict = report["int8_emulating"]["all"]["rel_error"] < 5e-3 and \
-        report["int8_emulating"]["all"]["top1_agreement"] >= 0.99 and \
-        report["int8_emulating"]["greedy_tokens_identical"]
+    fol = report.get("int8_following")
+    strict = fol is not None and fol["all"]["rel_error"] < 5e-3 and fol["all"]["top1_agreement"] >= 0.99 and \
+        fol["greedy_tokens_identical"] and fol["follower"]["disagreements"] == 0
     base = report.get("int8_reference_vs_float")
     oracle = base is not None and report["float"]["all"]["rel_error"] <= 2 * base["rel_error"]
     loc = report.get("layer_local")
     local_ok = loc is not None and loc["max_rel"] < 5e-3 and loc["head_rel"] < 5e-3
     report["strict_int8_criterion"], report["same_precision_oracle"], report["layer_local_ok"] = \
         strict, oracle, local_ok
-    ok = strict or (oracle and local_ok)
-    print(("PASS" if ok else "FAIL") + f" {a.model}: strict={strict} oracle={oracle} layer_local={local_ok} " +
-          json.dumps({k: report.get(k) for k in ("int8_emulating", "float", "int8_reference_vs_float")}) +
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    ok = strict and local_ok
+    print(("PASS" if ok else "FAIL") + f" {a.model}: strict={strict} layer_local={local_ok} oracle={oracle} " +
+          json.dumps({k: report.get(k) for k in ("int8_following", "int8_emulating", "float",
+                                                 "int8_reference_vs_float")}) +
           (" layer_local " + json.dumps({k: v for k, v in loc.items() if k != "layers"}) if loc else ""))
     return 0 if ok else 1
 

@@ -10,6 +10,8 @@
 #            9b and 0.8b files, 0.8b against the reference
 #   STAGE=5: the whole GPU suite, GDN stage timings, the GEMM (and the previous GEMM kernel from ab/, if there)
 #   STAGE=6: cold and warm start with a fresh kernel cache, our prefill and decode on the 9b file
+#   STAGE=7: whole-model GPU tests, the 0.8b file against the references (tie-following included)
+#   STAGE=8: the 9b file against the references
 # Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha [PACK=file.tgz] bash benchmarks/e2e/h200_acceptance.sh
 # PACK: also write everything under OUT into one archive (for transports that return only a few files).
 set -u
@@ -107,6 +109,25 @@ case "${STAGE:-1}" in
   timeout 240 python3 -m ninfer_numba bench --models 9b --tests pp512,pp2048,pp8192,tg128 --reps 3 --skip-llamacpp \
     --out "$OUT/bench_ours" > "$OUT/bench_ours.log" 2>&1
   say "ours:"; grep -v "^WARNING" "$OUT/bench_ours.log" | tail -8
+  ;;
+7)
+  # whole-model GPU tests, then the 0.8b file against the references (the 9b file is made meanwhile)
+  [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
+    > "$OUT/make_9b.log" 2>&1 &
+  [ -f models/q35-0.8b.gguf ] || python3 -m ninfer_numba make-model --shape 0.8b --no-vocab \
+    --out models/q35-0.8b.gguf > "$OUT/make_08b.log" 2>&1
+  timeout 150 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-300 | head -20
+  timeout 200 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-0.8b.gguf --out "$OUT/e2e_08b.json" \
+    > "$OUT/e2e_08b.log" 2>&1
+  say "0.8b vs reference:"; tail -1 "$OUT/e2e_08b.log" | cut -c1-3000
+  wait
+  ;;
+8)
+  # the 9b file against the references (about 8 minutes: three NumPy forwards over 576 positions)
+  timeout 570 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-9b.gguf --out "$OUT/e2e_9b.json" \
+    > "$OUT/e2e_9b.log" 2>&1
+  say "9b vs reference:"; tail -1 "$OUT/e2e_9b.log" | cut -c1-3000
   ;;
 esac
 if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$OUT" . && say "packed $OUT into $PACK"; fi

@@ -88,14 +88,17 @@ class CudaRunner:
             graph.launch()
             self.state.host_pos += 1
 
-    def _run_tokens(self, ids: np.ndarray, st: SequenceState, tap=None) -> None:
+    def _run_tokens(self, ids: np.ndarray, st: SequenceState, on_chunk=None, **taps) -> None:
         """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0].
-        tap: passed to each chunk's forward (model/qwen35.py), for layer-by-layer checks."""
-        chunk = self.model.buf.t_max
+        taps (tap, act_tap): passed to each chunk's forward (model/qwen35.py), for the checks against the
+        reference; on_chunk(n): called after each chunk with its logits in logits[:n] (all its rows)."""
+        chunk = min(self.model.buf.t_max, self.model.logits.shape[0]) if on_chunk else self.model.buf.t_max
         for s in range(0, len(ids), chunk):
             part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
             self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
-            self.model.forward(len(part), st, tap=tap)
+            self.model.forward(len(part), st, logits_rows=len(part) if on_chunk else 1, **taps)
+            if on_chunk:
+                on_chunk(len(part))
 
     def _set_token(self, token: int) -> None:
         """The token the next replay embeds, through the pinned staging word."""
@@ -177,14 +180,10 @@ class CudaRunner:
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""
         self._check_room(len(ids))
-        chunk = min(self.model.buf.t_max, self.model.logits.shape[0])
-        out = np.empty((len(ids), self.config.n_vocab), np.float32)
-        for s in range(0, len(ids), chunk):
-            part = np.asarray(ids[s:s + chunk], np.int32)
-            self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
-            self.model.forward(len(part), self.state, logits_rows=len(part))
-            out[s:s + len(part)] = self.model.logits[:len(part)].copy_to_host(stream=self.stream)
-        return out
+        rows = []
+        self._run_tokens(np.asarray(ids, np.int32), self.state,
+                         on_chunk=lambda n: rows.append(self.model.logits[:n].copy_to_host(stream=self.stream)))
+        return np.concatenate(rows)
 
     def timed_prefill(self, ids: list[int]) -> float:
         self._check_room(len(ids))

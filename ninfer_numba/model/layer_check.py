@@ -9,6 +9,7 @@ entering layer i is run through the reference's layer i (a fresh state over the 
 causal, so prompt and decode positions go through in one call) and compared with the stream the GPU produced
 leaving layer i. The head is checked the same way on the GPU's final stream.
 
+    ``tapped_run(runner, ids, n_gen, all_rows=False, tap=..., act_tap=...)`` -> (logits, tokens)
     ``gpu_residual_streams(runner, ids, n_gen)`` -> (streams, logits, tokens)
     ``compare_layers(weights, streams, logits, emulate_int8=True)`` -> report dict
 """
@@ -19,32 +20,43 @@ import numpy as np
 from ninfer_numba.model.reference import ReferenceModel
 
 
-def gpu_residual_streams(runner, ids: list[int], n_gen: int) -> tuple[list[np.ndarray], np.ndarray, list[int]]:
-    """Prompt (prefill kernels) then n_gen greedy tokens (decode kernels, launched eagerly), with taps.
-
-    Returns streams [n_layer + 1] of [P + n_gen, n_embd] float32 (index 0: after the embedding, i + 1:
-    after layer i), logits [n_gen + 1, V] (after the prompt, then after each decode step) and the tokens.
-    """
+def tapped_run(runner, ids: list[int], n_gen: int, *, all_rows: bool = False, **taps) -> tuple[np.ndarray, list[int]]:
+    """Prompt (prefill kernels) then n_gen greedy tokens (decode kernels, launched eagerly), with the taps
+    of model/qwen35.py forward (tap, act_tap). Returns logits [n_gen + 1, V] (after the prompt, then after
+    each decode step; with all_rows [len(ids) + n_gen, V], every prompt position) and the greedy tokens."""
     model, s = runner.model, runner.stream
     runner.reset()
+    rows: list[np.ndarray] = []
+
+    def keep(n: int) -> None:
+        rows.append(model.logits[:n].copy_to_host(stream=s))
+        s.synchronize()
+
+    def run(part: list[int], every_row: bool) -> None:
+        runner._run_tokens(np.asarray(part, np.int32), runner.state, on_chunk=keep if every_row else None, **taps)
+        if not every_row:
+            keep(1)
+
+    run(ids, all_rows)
+    toks: list[int] = []
+    for _ in range(n_gen):
+        toks.append(int(np.argmax(rows[-1][-1])))
+        run([toks[-1]], False)
+    return np.concatenate(rows), toks
+
+
+def gpu_residual_streams(runner, ids: list[int], n_gen: int) -> tuple[list[np.ndarray], np.ndarray, list[int]]:
+    """tapped_run with the residual streams: streams [n_layer + 1] of [P + n_gen, n_embd] float32 (index 0:
+    after the embedding, i + 1: after layer i), logits [n_gen + 1, V] and the tokens."""
     taps: dict[int, list[np.ndarray]] = {}
 
     def tap(i, x):
-        taps.setdefault(i, []).append(x.copy_to_host(stream=s))
-        s.synchronize()
+        taps.setdefault(i, []).append(x.copy_to_host(stream=runner.stream))
+        runner.stream.synchronize()
 
-    def run(part: list[int]) -> np.ndarray:
-        runner._run_tokens(np.asarray(part, np.int32), runner.state, tap=tap)
-        out = model.logits[0].copy_to_host(stream=s)
-        s.synchronize()
-        return out
-
-    rows, toks = [run(ids)], []
-    for _ in range(n_gen):
-        toks.append(int(np.argmax(rows[-1])))
-        rows.append(run([toks[-1]]))
-    streams = [np.concatenate(taps[i]) for i in range(-1, len(model.w.layers))]
-    return streams, np.stack(rows), toks
+    logits, toks = tapped_run(runner, ids, n_gen, tap=tap)
+    streams = [np.concatenate(taps[i]) for i in range(-1, len(runner.model.w.layers))]
+    return streams, logits, toks
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:

@@ -109,11 +109,15 @@ class Qwen35Gpu:
             gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=self.gemm_path, stream=self.stream)
 
     # -- one forward over the tokens already in buf.tokens[:t] ----------------------------------------
-    def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1, tap=None) -> None:
+    def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1, tap=None, act_tap=None) -> None:
         """Run t tokens (buf.tokens[:t]) at st.pos; the last ``logits_rows`` rows' logits land in self.logits.
 
         tap(i, x): called with the residual stream x [t, n_embd] (device) after the embedding (i = -1) and
-        after each layer i, for layer-by-layer checks; eager forwards only (never under graph capture)."""
+        after each layer i, for layer-by-layer checks; act_tap(i, point, xq, xs): called with each int8
+        activation a matmul consumes (device [rows, K] int8 and [rows, K/32] scales; points "mixer_in",
+        "mixer_out", "ffn_in", "down_in", then i = n_layer, "head"). Eager forwards only (never under graph
+        capture)."""
+        seen = act_tap or (lambda i, point, q, d: None)
         c, b, s = self.c, self.buf, self.stream
         position.set_kv_len(st.pos, st.kv_len, t, stream=s)
         x = b.mat(b.x, t, c.n_embd)
@@ -123,25 +127,30 @@ class Qwen35Gpu:
         for i, L in enumerate(self.w.layers):
             xq, xs = b.act(t, c.n_embd)
             rmsnorm_quant(x, L.attn_norm, c.rms_eps, xq, xs, stream=s)
+            seen(i, "mixer_in", xq, xs)
             if L.is_attention:
                 y = self._attention(L, t, st, xq, xs)
             else:
                 y = self._gdn(L, t, st, xq, xs)
             yq, ys = b.act(t, y.shape[1])
             quantize_rows(y, yq, ys, stream=s)
+            seen(i, "mixer_out", yq, ys)
             self._matmul(L.w_out, yq, ys, x, accumulate=True)
             xq, xs = b.act(t, c.n_embd)
             rmsnorm_quant(x, L.post_norm, c.rms_eps, xq, xs, stream=s)
+            seen(i, "ffn_in", xq, xs)
             gu = b.mat(b.proj, t, 2 * c.n_ff)
             self._matmul(L.w_gate_up, xq, xs, gu)
             hq, hs = b.act(t, c.n_ff)
             silu_mul_quant(gu, hq, hs, stream=s)
+            seen(i, "down_in", hq, hs)
             self._matmul(L.w_down, hq, hs, x, accumulate=True)
             if tap is not None:
                 tap(i, x)
         r = logits_rows
         oq, os_ = b.act(r, c.n_embd)
         rmsnorm_quant(x[t - r:], self.w.output_norm, c.rms_eps, oq, os_, stream=s)
+        seen(len(self.w.layers), "head", oq, os_)
         self._matmul(self.w.output, oq, os_, self.logits[:r])
         position.advance(st.pos, t, stream=s)
         st.host_pos += t

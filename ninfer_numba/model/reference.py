@@ -43,6 +43,7 @@ class ReferenceModel:
         self.config: ModelConfig = weights.config
         self.emulate_int8 = emulate_int8
         self.gdn_chunked = gdn_chunked
+        self.act_hook = None   # (h, xq, xs) -> xq to use, with emulate_int8 (model/act_follow.py)
 
     def new_state(self, max_seq: int) -> ReferenceState:
         c = self.config
@@ -63,6 +64,8 @@ class ReferenceModel:
             return h
         from ninfer_numba.kernels.quant_ref import quantize_q8_blocks_ref
         xq, xs = quantize_q8_blocks_ref(h)
+        if self.act_hook is not None:
+            xq = self.act_hook(h, xq, xs)
         t, k = xq.shape
         return (xq.astype(np.float32).reshape(t, k // 32, 32) * xs[..., None]).reshape(t, k)
 

@@ -91,3 +91,26 @@ def test_gpu_layers_match_reference_layers(tmp_path):
     assert len(streams) == SPEC.n_layer + 1 and streams[0].shape == (78, SPEC.n_embd) and len(toks) == 8
     r = compare_layers(llm.weights, streams, logits)
     assert r["max_rel"] < 5e-3 and r["head_rel"] < 5e-3, r
+
+
+@pytest.mark.gpu
+def test_gpu_model_matches_int8_reference_following_near_ties(tmp_path):
+    """End to end against the int8-emulating reference that takes the GPU's rounding at near-ties only
+    (model/act_follow.py): every GPU rounding is a valid one of the reference's own value, and then the
+    logits at every position, the top-1 and the greedy tokens (graph path) all agree tightly."""
+    from ninfer_numba.model.act_follow import TieFollower, gpu_activations
+    from ninfer_numba.model.reference import ReferenceModel
+    llm = _tiny_gpu_llm(tmp_path)
+    prompt = np.random.default_rng(5).integers(0, SPEC.n_vocab, 70).tolist()
+    acts, logits, toks = gpu_activations(llm.runner, prompt, 8)
+    ref = ReferenceModel(llm.weights, emulate_int8=True)
+    ref.act_hook = follower = TieFollower(acts, SPEC.n_layer)
+    ref_logits = ref.forward(prompt + toks, ref.new_state(78))
+    rep = follower.report()
+    assert logits.shape == ref_logits.shape == (78, SPEC.n_vocab)
+    assert rep["disagreements"] == 0, rep
+    assert _rel(logits, ref_logits) < 5e-3
+    assert np.mean(logits.argmax(-1) == ref_logits.argmax(-1)) >= 0.99
+    assert ref_logits[69:77].argmax(-1).tolist() == toks
+    llm.runner.reset()
+    assert [int(np.argmax(llm.runner.prefill(prompt)))] + [llm.runner.decode_greedy(t) for t in toks[:-1]] == toks
