@@ -19,7 +19,7 @@ import numpy as np
 
 from ninfer_numba.kernels.gdn import chunk as gdn_chunk
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
-from ninfer_numba.kernels.gdn.chunk_kernels import BT, chunk_intra_kernel, chunk_state_kernel, state_tiling
+from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
@@ -110,17 +110,11 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
                                                        C, s),
         "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items, S), rows_tpb, s](
             inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
-        "chunk_intra": lambda s: chunk_intra_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
-            ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
         "chunk_intra_tiled (v2)": lambda s: chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
             ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
         "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[
             gdn_chunk._row_blocks(T * Hv, S), rows_tpb, s](inp["proj"], inp["norm_w"], y, T, EPS),
     }
-    for bv in (8, 16, 32):
-        _, nt = state_tiling(S, bv)
-        stages[f"chunk_state BV={bv}"] = (lambda b, n: lambda s: chunk_state_kernel(S, Hk, Hv, b)[
-            (S // b, Hv), n, s](ws.u, ws.G, ws.W, ws.U, ws.P, inp["state"], y, T))(bv, nt)
     bv, nt = staged_tiling(S)
     stages["chunk_state_staged (v2)"] = lambda s: chunk_state_staged_kernel(S, Hk, Hv)[(S // bv, Hv), nt, s](
         ws.u, ws.G, ws.W, ws.U, ws.P, inp["state"], y, T)

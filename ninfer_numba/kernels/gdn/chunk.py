@@ -18,7 +18,7 @@ import numpy as np
 from numba import float32
 
 from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
-from ninfer_numba.kernels.gdn.chunk_kernels import BT
+from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, row_sum_f32, sigmoid_f32, silu_f32

@@ -1,10 +1,10 @@
 """GDN prefill intra-chunk solve v2: 4 x 4 register tiles for the A and P products, unsigned index walks.
 
-Same contract and arithmetic as ``chunk_intra_kernel`` (chunk_kernels.py, v1), which it replaces in
-gdn_prefill. v1 computed each (i, j) pair of A = K K^T and P = Q K^T by itself, one q element from global
-memory per FMA pair, and indexed shared and local arrays with numba's signed indices (~20 instructions per
-FMA in the SASS, negative-index handling included). Here a thread owns a 4 x 4 tile of pairs: per key
-element it loads 4 q values and 8 k values and does 32 FMAs, walking flat arrays with unsigned offsets.
+Computes the intra-chunk solve of chunk_form.py. It replaced v1 (benchmarks/NOTES.md has both measured). v1
+computed each (i, j) pair of A = K K^T and P = Q K^T by itself, one q element from global memory per FMA pair,
+and indexed shared and local arrays with numba's signed indices (~20 instructions per FMA in the SASS,
+negative-index handling included). Here a thread owns a 4 x 4 tile of pairs: per key element it loads 4 q
+values and 8 k values and does 32 FMAs, walking flat arrays with unsigned offsets.
 
 Per (chunk, value head) block of NT = 2S threads:
   s_k [BT, S+1]   the chunk's k rows (flat, padded)          s_A  packed strict lower triangle of A
@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from numba import float32, uint32
 
-from ninfer_numba.kernels.gdn.chunk_kernels import BT
+from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 

@@ -1,10 +1,10 @@
 """GDN prefill state pass v2: the chunk's W, Q and K rows staged in shared memory, register-tiled outputs.
 
-Same contract and arithmetic as ``chunk_state_kernel`` (chunk_kernels.py, v1), which it replaces in
-gdn_prefill. v1 read W, Q and K from global memory inside its inner loops (one dependent global load per
-FMA: latency-bound at ~1 TFLOP/s). Here each chunk step first copies the rows it needs into one shared
-buffer with every thread issuing independent coalesced loads, then computes from shared memory with each
-thread owning several outputs of one value column, so a state element loaded once serves all of them:
+Computes the state pass of chunk_form.py. It replaced v1 (benchmarks/NOTES.md has both measured). v1 read W, Q
+and K from global memory inside its inner loops (one dependent global load per FMA: latency-bound at ~1
+TFLOP/s). Here each chunk step first copies the rows it needs into one shared buffer with every thread issuing
+independent coalesced loads, then computes from shared memory with each thread owning several outputs of one
+value column, so a state element loaded once serves all of them:
 
   stage W            s_x <- W[j, chunk]                         [c, S]
   V' = U - W h       thread: rows g + G·r, column col           -> s_vn [BT, BV]
@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from numba import float32, uint32
 
-from ninfer_numba.kernels.gdn.chunk_kernels import BT
+from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
