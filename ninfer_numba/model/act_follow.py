@@ -84,4 +84,5 @@ class TieFollower:
         return {"tol_levels": self.tol, "points": len(self.stats),
                 "elements": sum(s["elements"] for s in self.stats), "ties": sum(s["ties"] for s in self.stats),
                 "disagreements": sum(s["disagreements"] for s in self.stats),
-                "max_excess": max(s["max_excess"] for s in self.stats)}
+                "max_excess": max(s["max_excess"] for s in self.stats),
+                "first_disagreement": next((s for s in self.stats if s["disagreements"]), None)}

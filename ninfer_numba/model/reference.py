@@ -7,8 +7,10 @@ residual] → RMSNorm → logits. It also serves tiny models on machines without
 Weights stay quantized in the memory map; each layer dequantizes its matrices when it runs them, large
 ones a window of rows at a time (``ModelWeights.matmul``), so peak memory is the file plus a few hundred MB.
 
-``emulate_int8=True`` quantizes every matmul input per 32-block to int8 exactly as the GPU kernels do
-(kernels/quant_ref.py), so GPU logits can be compared with this model tightly; the float mode is the spec.
+``emulate_int8=True`` models the kernels' storage precision: every matmul input quantized per 32-block to
+int8 exactly as the GPU kernels do (kernels/quant_ref.py), and the attention queries, keys and values rounded
+to float16 as the f16 KV cache holds them; so GPU logits can be compared with this model tightly (see
+model/act_follow.py). The float mode is the spec.
 """
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ class ReferenceModel:
         proj = self._linear(h, b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
         o = attn_mixer_ref(proj, self.w.dense(b + "attn_q_norm.weight"), self.w.dense(b + "attn_k_norm.weight"),
                            st.k_cache[i], st.v_cache[i], st.pos, c.n_head, c.n_head_kv, c.head_dim, c.n_rot,
-                           c.rope_base, c.rms_eps)
+                           c.rope_base, c.rms_eps, store_dtype=np.float16 if self.emulate_int8 else np.float32)
         return self._linear(o.astype(np.float32), b + "attn_output.weight")
 
     def _gdn(self, i: int, h: np.ndarray, st: ReferenceState) -> np.ndarray:

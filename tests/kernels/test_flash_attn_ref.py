@@ -138,3 +138,15 @@ def test_mixer_rejects_overflowing_positions():
     kc = np.zeros((4, 1, 32), np.float32)
     with pytest.raises(ValueError, match="do not fit"):
         attn_mixer_ref(proj, np.ones(32), np.ones(32), kc, kc.copy(), 2, 1, 1, 32, 8, 1e4, 1e-6)
+
+
+def test_mixer_f16_store_rounds_the_cache_and_moves_the_output_by_f16_error():
+    rng = np.random.default_rng(6)
+    H, Hkv, d, T = 4, 2, 32, 5
+    proj, qw, kw = _mixer_inputs(rng, T, H, Hkv, d)
+    caches = [np.zeros((T, Hkv, d), np.float32) for _ in range(4)]
+    exact = attn_mixer_ref(proj, qw, kw, caches[0], caches[1], 0, H, Hkv, d, 8, 1e7, 1e-6)
+    half = attn_mixer_ref(proj, qw, kw, caches[2], caches[3], 0, H, Hkv, d, 8, 1e7, 1e-6, store_dtype=np.float16)
+    np.testing.assert_array_equal(caches[2], caches[0].astype(np.float16).astype(np.float32))
+    rel = np.linalg.norm(half - exact) / np.linalg.norm(exact)
+    assert 1e-5 < rel < 2e-3
