@@ -10,8 +10,8 @@ whether the greedy tokens equal the reference's argmax at each step.
 
 Then the int8-emulating reference that follows the GPU's rounding at near-ties (model/act_follow.py): the
 GPU run records every int8 activation; the reference keeps its own values and its own quantization except
-where the GPU's level differs and is still a valid rounding of the reference's value (within 0.02 levels of
-the midpoint), and counts any other difference as a disagreement. Then layer by layer (model/layer_check.py):
+where the GPU's level is one from its own (a rounding decision: it takes the GPU's and reports how near the
+midpoint its own value was), and counts a difference of two levels or more as a disagreement. Then layer by layer (model/layer_check.py):
 every int8-emulating reference layer fed the GPU's own input, over the same prompt + greedy tokens.
 
 PASS: against the tie-following reference, relative logit error < 5e-3 at every position, >= 99% top-1,

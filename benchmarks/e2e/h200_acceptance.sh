@@ -12,6 +12,7 @@
 #   STAGE=6: cold and warm start with a fresh kernel cache, our prefill and decode on the 9b file
 #   STAGE=7: whole-model GPU tests, the 0.8b file against the references (tie-following included)
 #   STAGE=8: the 9b file against the references
+#   STAGE=9: the tie-following comparison alone (tiny test, 0.8b, 9b)
 # Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha [PACK=file.tgz] bash benchmarks/e2e/h200_acceptance.sh
 # PACK: also write everything under OUT into one archive (for transports that return only a few files).
 set -u
@@ -128,6 +129,22 @@ case "${STAGE:-1}" in
   timeout 570 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-9b.gguf --out "$OUT/e2e_9b.json" \
     > "$OUT/e2e_9b.log" 2>&1
   say "9b vs reference:"; tail -1 "$OUT/e2e_9b.log" | cut -c1-3000
+  ;;
+9)
+  # the tie-following comparison alone, 0.8b then 9b (the float and layer-by-layer parts: STAGE=7 and 8)
+  [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
+    > "$OUT/make_9b.log" 2>&1 &
+  [ -f models/q35-0.8b.gguf ] || python3 -m ninfer_numba make-model --shape 0.8b --no-vocab \
+    --out models/q35-0.8b.gguf > "$OUT/make_08b.log" 2>&1
+  timeout 60 python3 -m pytest -q -m gpu tests/model/test_gpu_model.py -k following -p no:cacheprovider \
+    > "$OUT/test_gpu_following.log" 2>&1
+  say "tiny model, tie-following: $(tail -1 "$OUT/test_gpu_following.log")"
+  for m in 0.8b 9b; do
+    [ $m = 9b ] && wait
+    timeout 240 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-$m.gguf --skip-float --skip-layers \
+      --out "$OUT/e2e_following_$m.json" > "$OUT/e2e_following_$m.log" 2>&1
+    say "$m tie-following:"; grep "^int8_following" "$OUT/e2e_following_$m.log" | cut -c1-1500
+  done
   ;;
 esac
 if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$OUT" . && say "packed $OUT into $PACK"; fi

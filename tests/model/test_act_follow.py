@@ -43,7 +43,7 @@ def test_own_activations_are_followed_unchanged(tiny_untied):
     assert rep["ties"] == 0 and rep["disagreements"] == 0 and rep["points"] == 4 * w.config.n_layer + 1
 
 
-def test_near_tie_is_followed_and_a_far_level_is_a_disagreement(tiny_untied):
+def test_one_level_is_followed_with_its_excess_and_two_levels_disagree(tiny_untied):
     w = open_model(tiny_untied)
     seq = np.random.default_rng(2).integers(0, w.config.n_vocab, 12).tolist()
     acts, hs, logits = _recorded(w, seq)
@@ -53,16 +53,19 @@ def test_near_tie_is_followed_and_a_far_level_is_a_disagreement(tiny_untied):
     t, k = q.shape
     levels = (hs[idx].astype(np.float64).reshape(t, k // QK, QK) / d[:, :, None]).reshape(t, k)
     frac = np.abs(levels - np.round(levels))
+    frac[np.abs(q) >= 126] = 0.25                                # keep clear of the int8 range's edge
     tie = np.unravel_index(np.argmax(frac), frac.shape)           # the element nearest a midpoint
-    far = np.unravel_index(np.argmin(frac), frac.shape)           # one sitting on a level
-    assert frac[tie] > 0.45 and frac[far] < 0.1
-    other = np.floor(levels[tie]) if q[tie] == np.ceil(levels[tie]) else np.ceil(levels[tie])
+    flat = np.argsort(frac, axis=None)
+    on_level, far = (np.unravel_index(i, frac.shape) for i in flat[:2])   # two sitting on a level
+    assert frac[tie] > 0.45 and frac[on_level] < 0.05 and frac[far] < 0.05
     moved = q.copy()
-    moved[tie] = other                                           # the other rounding of a near-midpoint value
-    moved[far] += 1 if moved[far] < 127 else -1                  # a whole level off
+    moved[tie] = np.floor(levels[tie]) if q[tie] == np.ceil(levels[tie]) else np.ceil(levels[tie])
+    moved[on_level] += 1                                          # one level off a value sitting on a level
+    moved[far] += 2                                               # two levels off: no rounding decision
     out, rep = _follow(w, seq, {**acts, key: (moved, d)})
-    assert rep["ties"] == 1 and rep["disagreements"] == 1 and 0.4 < rep["max_excess"] < 1.0
-    assert not np.array_equal(out, logits)                       # the followed tie changed the run
+    assert rep["ties"] == 2 and rep["disagreements"] == 1
+    assert rep["excess_at_most"][0] == 1 and 0.45 < rep["max_excess"] < 0.55   # the near-tie; the other: 0.5
+    assert not np.array_equal(out, logits)                        # the followed ties changed the run
 
 
 def test_mismatched_shapes_and_counts_raise(tiny_untied):
