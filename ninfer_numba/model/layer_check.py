@@ -7,7 +7,8 @@ flips more roundings there, and over dozens of quantization points the flips cas
 the int8 quantization noise itself. So the tight comparison is local: the residual stream the GPU produced
 entering layer i is run through the reference's layer i (a fresh state over the whole sequence: the model is
 causal, so prompt and decode positions go through in one call) and compared with the stream the GPU produced
-leaving layer i. The head is checked the same way on the GPU's final stream.
+leaving layer i. The head is checked the same way on the GPU's final stream. (model/act_follow.py makes
+the end-to-end comparison tight instead, by following the GPU's rounding decisions.)
 
     ``tapped_run(runner, ids, n_gen, all_rows=False, tap=..., act_tap=...)`` -> (logits, tokens)
     ``gpu_residual_streams(runner, ids, n_gen)`` -> (streams, logits, tokens)

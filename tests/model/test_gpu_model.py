@@ -6,7 +6,9 @@ cascades through the layers), while the float reference moves by ~1e-4. So a tig
 int8-emulating reference cannot be met by any implementation on such a model. The check is therefore the
 same-precision oracle: the GPU's distance to the float reference must be at most twice the int8-emulating
 reference's own distance to it, and its top-1 agreement with the float reference at most 10 points lower.
-(GPU-only: under the CUDA simulator this model takes longer than the whole suite's budget.)
+The tight end-to-end check is against the int8-emulating reference that follows the GPU's one-level rounding
+decisions (model/act_follow.py; the last test here). (GPU-only: under the CUDA simulator this model takes
+longer than the whole suite's budget.)
 """
 import numpy as np
 import pytest
