@@ -63,9 +63,12 @@ def cache_dir() -> str | None:
 
 def _point_numba_at_cache_dir() -> None:
     folder = cache_dir()
-    if folder is not None:
-        os.environ["NUMBA_CACHE_DIR"] = folder       # survives a numba config reload
-        config.CACHE_DIR = folder
+    if folder is not None and os.environ.get("NUMBA_CACHE_DIR") != folder:
+        os.environ["NUMBA_CACHE_DIR"] = folder
+        # numba re-reads its whole configuration from the environment at the next compile when the
+        # environment changed since its last read, which would also undo settings made in code since;
+        # reading it now makes that later check a no-op
+        config.reload_config()
 
 
 _point_numba_at_cache_dir()                          # before any kernel below is declared
