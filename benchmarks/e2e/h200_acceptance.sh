@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The acceptance runs on one H200, in three device calls (each under 10 minutes; run them back to back so
-# the machine, the llama.cpp build and the model files stay):
+# The acceptance runs on one H200, one stage per device call (each under 10 minutes; run them back to back
+# so the machine, the llama.cpp build and the model files stay: some stages use files an earlier one made):
 #   STAGE=1: offline install, llama.cpp build + both 9b files in the background, whole-model GPU tests,
 #            FlashAttention prefill at 8K/32K, 9b against the reference (end to end and layer by layer)
 #   STAGE=2: streamed chat through the openai client against `ninfer serve` (9b with vocabulary), then
