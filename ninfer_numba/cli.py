@@ -21,9 +21,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq", type=int, default=4096, help="context capacity in tokens")
 
 
+def _progress(line: str) -> None:
+    print(f"[ninfer] {line}", file=sys.stderr, flush=True)
+
+
 def _cmd_generate(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM, SamplingParams
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, log=_progress)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
     prompt = a.prompt
@@ -60,7 +64,7 @@ def _parse_tokens(s: str) -> list[int]:
 def _cmd_logits(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     ids = _parse_tokens(a.tokens)
-    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)))
+    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)), log=_progress)
     out = llm.logits(ids).astype(np.float32)
     np.save(a.out, out)
     print(f"wrote {a.out}: float32 {list(out.shape)}", file=sys.stderr)
@@ -105,7 +109,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, log=_progress)
     serve(llm, host=a.host, port=a.port, api_key=a.api_key)
     return 0
 

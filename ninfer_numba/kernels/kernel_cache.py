@@ -145,3 +145,11 @@ def cache_stats() -> dict:
             "cached": sum(isinstance(k._cache, CUDACache) for k in kernels) if ENABLED else 0,
             "loaded": sum(sum(k._cache_hits.values()) for k in kernels),
             "compiled": sum(sum(k._cache_misses.values()) for k in kernels)}
+
+
+def start_report(seconds: float, stats: dict | None = None) -> str:
+    """One line for the user after the kernels of a start are ready: how long, and cold or warm."""
+    st = stats or cache_stats()
+    where = f" (kept in {st['cache_dir']})" if st["cache_dir"] else " (kernel cache off)"
+    return (f"kernels ready in {seconds:.1f} s: {st['compiled']} compiled{where}, "
+            f"{st['loaded']} read from the cache")

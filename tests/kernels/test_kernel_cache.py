@@ -67,3 +67,12 @@ def test_sources_digest_follows_every_file(tmp_path):
     assert sources_digest(tmp_path) == before
     (tmp_path / "sub" / "b.py").write_text("Y = 3\n")
     assert sources_digest(tmp_path) != before
+
+
+def test_start_report_says_cold_or_warm():
+    from ninfer_numba.kernels.kernel_cache import start_report
+
+    cold = start_report(17.49, {"cache_dir": "/c", "compiled": 26, "loaded": 0})
+    assert cold == "kernels ready in 17.5 s: 26 compiled (kept in /c), 0 read from the cache"
+    off = start_report(0.74, {"cache_dir": None, "compiled": 26, "loaded": 0})
+    assert "(kernel cache off)" in off
