@@ -97,9 +97,9 @@ def test_gpu_layers_match_reference_layers(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_model_matches_int8_reference_following_near_ties(tmp_path):
-    """End to end against the int8-emulating reference that takes the GPU's rounding at near-ties only
-    (model/act_follow.py): every GPU rounding is a valid one of the reference's own value, and then the
-    logits at every position, the top-1 and the greedy tokens (graph path) all agree tightly."""
+    """End to end against the int8-emulating reference that takes the GPU's one-level rounding decisions
+    (model/act_follow.py): no GPU int8 activation is two levels or more from the reference's own, and then
+    the logits at every position, the top-1 and the greedy tokens (graph path) all agree tightly."""
     from ninfer_numba.model.act_follow import TieFollower, gpu_activations
     from ninfer_numba.model.reference import ReferenceModel
     llm = _tiny_gpu_llm(tmp_path)
