@@ -1,4 +1,5 @@
-"""Command line: ``ninfer`` / ``python -m ninfer_numba`` with generate | logits | make-model | info | serve | bench.
+"""Command line: ``ninfer`` / ``python -m ninfer_numba`` with generate | logits | make-model | info | serve | cache |
+bench.
 
 A thin layer over the Python API (``LLM``, ``SamplingParams``, ``write_synthetic_gguf``). Expected failures
 (bad files, bad arguments, context overflow) print one line ``error: ...`` and exit with status 2.
@@ -119,6 +120,24 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return run(a)
 
 
+def _cmd_cache(a: argparse.Namespace) -> int:
+    import shutil
+
+    from ninfer_numba.kernels import kernel_cache as kc
+    folders = kc.cache_folders()
+    print(f"kernel cache: {kc.cache_dir() or 'off (NINFER_KERNEL_CACHE=0)'}"
+          + (" (NUMBA_CACHE_DIR: never removed here)" if kc.USER_CACHE_DIR else ""))
+    for f in folders:
+        state = "these sources" if f["current"] else "older sources"
+        if a.clear:
+            shutil.rmtree(f["path"])
+            state = "removed"
+        print(f"  {f['path']}  {f['files']} files, {f['bytes'] / 1e6:.1f} MB  ({state})")
+    if not folders:
+        print(f"  nothing under {kc.cache_root()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ninfer", description="Qwen3.5/3.6 GGUF inference with numba-cuda kernels")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -160,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require this bearer token")
     s.set_defaults(fn=_cmd_serve)
+
+    c = sub.add_parser("cache", help="list the compiled-kernel cache folders (--clear removes them)")
+    c.add_argument("--clear", action="store_true", help="remove every folder listed")
+    c.set_defaults(fn=_cmd_cache)
 
     b = sub.add_parser("bench", help="benchmark against llama.cpp on the same GGUF")
     from benchmarks.harness import add_arguments
