@@ -160,7 +160,7 @@ def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_
     if gemm != "auto":
         kwargs["gemm"] = gemm
     t0 = time.perf_counter()
-    llm = LLM(model, backend=backend, max_seq=max(t.context for t in tests), log=log, **kwargs)
+    llm = LLM(model, backend=backend, max_seq=max(t.context for t in tests), **kwargs)
     load_s = time.perf_counter() - t0
     described = llm.describe()
     log(f"ninfer loaded {model.name} on {llm.backend} in {load_s:.1f} s (compile {llm.compile_seconds:.1f} s)")

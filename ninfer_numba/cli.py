@@ -1,5 +1,4 @@
-"""Command line: ``ninfer`` / ``python -m ninfer_numba`` with generate | logits | make-model | info | serve | cache |
-bench.
+"""Command line: ``ninfer`` / ``python -m ninfer_numba`` with generate | logits | make-model | info | serve | bench.
 
 A thin layer over the Python API (``LLM``, ``SamplingParams``, ``write_synthetic_gguf``). Expected failures
 (bad files, bad arguments, context overflow) print one line ``error: ...`` and exit with status 2.
@@ -22,13 +21,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq", type=int, default=4096, help="context capacity in tokens")
 
 
-def _progress(line: str) -> None:
-    print(f"[ninfer] {line}", file=sys.stderr, flush=True)
-
-
 def _cmd_generate(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM, SamplingParams
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, log=_progress)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
     prompt = a.prompt
@@ -65,7 +60,7 @@ def _parse_tokens(s: str) -> list[int]:
 def _cmd_logits(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     ids = _parse_tokens(a.tokens)
-    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)), log=_progress)
+    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)))
     out = llm.logits(ids).astype(np.float32)
     np.save(a.out, out)
     print(f"wrote {a.out}: float32 {list(out.shape)}", file=sys.stderr)
@@ -110,7 +105,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, log=_progress)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
     serve(llm, host=a.host, port=a.port, api_key=a.api_key)
     return 0
 
@@ -118,24 +113,6 @@ def _cmd_serve(a: argparse.Namespace) -> int:
 def _cmd_bench(a: argparse.Namespace) -> int:
     from benchmarks.harness import run
     return run(a)
-
-
-def _cmd_cache(a: argparse.Namespace) -> int:
-    import shutil
-
-    from ninfer_numba.kernels import kernel_cache as kc
-    folders = kc.cache_folders()
-    print(f"kernel cache: {kc.cache_dir() or 'off (NINFER_KERNEL_CACHE=0)'}"
-          + (" (NUMBA_CACHE_DIR: never removed here)" if kc.USER_CACHE_DIR else ""))
-    for f in folders:
-        state = "these sources" if f["current"] else "older sources"
-        if a.clear:
-            shutil.rmtree(f["path"])
-            state = "removed"
-        print(f"  {f['path']}  {f['files']} files, {f['bytes'] / 1e6:.1f} MB  ({state})")
-    if not folders:
-        print(f"  nothing under {kc.cache_root()}")
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,10 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require this bearer token")
     s.set_defaults(fn=_cmd_serve)
-
-    c = sub.add_parser("cache", help="list the compiled-kernel cache folders (--clear removes them)")
-    c.add_argument("--clear", action="store_true", help="remove every folder listed")
-    c.set_defaults(fn=_cmd_cache)
 
     b = sub.add_parser("bench", help="benchmark against llama.cpp on the same GGUF")
     from benchmarks.harness import add_arguments

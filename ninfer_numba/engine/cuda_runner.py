@@ -13,20 +13,12 @@ from typing import Iterator
 import numpy as np
 
 from ninfer_numba.config import EngineConfig
-from ninfer_numba.kernels.kernel_cache import start_report
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
 from ninfer_numba.kernels.sample import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.utils.timing import CudaGraph
-
-
-def _device_name() -> str:
-    if SIMULATOR:
-        return "the CUDA simulator"
-    name = getattr(cuda.get_current_device(), "name", "the GPU")
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 class CudaRunner:
@@ -37,8 +29,6 @@ class CudaRunner:
         cuda.select_device(engine.device)
         self.engine = engine
         self.stream = cuda.stream()
-        say = log or (lambda m: None)
-        say(f"uploading the weights ({weights.file.file_size / 1e9:.2f} GB file) to {_device_name()}")
         self.gw = GpuWeights(weights, log=log)
         self.model = Qwen35Gpu(self.gw, engine, self.stream)
         self.config = weights.config
@@ -50,8 +40,6 @@ class CudaRunner:
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
         self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
-        say("compiling the kernels (the first start on this machine) or reading them from the kernel cache, "
-            "then capturing the decode graphs")
         t0 = time.perf_counter()
         scratch = SequenceState(self.config, 8, self.stream)
         scratch.reset(self.stream)
@@ -73,7 +61,6 @@ class CudaRunner:
                 self._decode_step_kernels(sampled)
         self.stream.synchronize()
         self.compile_seconds = time.perf_counter() - t0
-        say(start_report(self.compile_seconds))
 
     # -- building blocks -------------------------------------------------------------------------------
     def _pick_kernels(self, sampled: bool) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -37,9 +37,7 @@ def _resolve_backend(name: str) -> str:
 
 class LLM:
     def __init__(self, path: str | Path, backend: str = "auto", max_seq: int = 4096, *,
-                 emulate_int8: bool = False, log: Callable[[str], None] | None = None, **engine_kwargs) -> None:
-        """log: called with a line at each step of a long start (weight upload, kernel compile or cache
-        read); None: quiet. The CLI prints them to stderr."""
+                 emulate_int8: bool = False, **engine_kwargs) -> None:
         self.path = str(path)
         self.engine_config = EngineConfig(backend=backend, max_seq=max_seq, **engine_kwargs)
         self.weights = open_model(self.path)
@@ -57,7 +55,7 @@ class LLM:
             self.runner = CpuRunner(self.weights, max_seq, emulate_int8=emulate_int8)
         elif self.backend == "cuda":
             from ninfer_numba.engine.cuda_runner import CudaRunner
-            self.runner = CudaRunner(self.weights, self.engine_config, log=log)
+            self.runner = CudaRunner(self.weights, self.engine_config)
         else:
             raise ValueError(f"unknown backend {backend!r}")
         self.load_seconds = time.perf_counter() - t0

@@ -35,7 +35,6 @@ from numba import config
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 ENABLED = not SIMULATOR and os.environ.get("NINFER_KERNEL_CACHE", "1") != "0"
-USER_CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR")    # the user's own choice, before this module sets it
 _KERNELS_DIR = Path(__file__).resolve().parent
 _kernels: weakref.WeakSet = weakref.WeakSet()   # every dispatcher made by cached_jit in this process
 
@@ -53,27 +52,13 @@ def sources_digest(root: Path = _KERNELS_DIR) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_root() -> Path:
-    """Where the per-digest folders live: $XDG_CACHE_HOME/ninfer_numba, else ~/.cache/ninfer_numba."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ninfer_numba"
-
-
 def cache_dir() -> str | None:
     """The folder compiled kernels go to (None when the cache is off)."""
     if not ENABLED:
         return None
-    return USER_CACHE_DIR or str(cache_root() / f"kernels-{sources_digest()}")
-
-
-def cache_folders() -> list[dict]:
-    """Every kernels-* folder under cache_root(): path, files, bytes, and whether these sources use it."""
-    current = str(cache_root() / f"kernels-{sources_digest()}")
-    out = []
-    for folder in sorted(cache_root().glob("kernels-*")):
-        files = [f for f in folder.rglob("*") if f.is_file()]
-        out.append({"path": str(folder), "files": len(files), "bytes": sum(f.stat().st_size for f in files),
-                    "current": str(folder) == current})
-    return out
+    return os.environ.get("NUMBA_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ninfer_numba"
+        / f"kernels-{sources_digest()}")
 
 
 def _point_numba_at_cache_dir() -> None:
@@ -160,11 +145,3 @@ def cache_stats() -> dict:
             "cached": sum(isinstance(k._cache, CUDACache) for k in kernels) if ENABLED else 0,
             "loaded": sum(sum(k._cache_hits.values()) for k in kernels),
             "compiled": sum(sum(k._cache_misses.values()) for k in kernels)}
-
-
-def start_report(seconds: float, stats: dict | None = None) -> str:
-    """One line for the user after the kernels of a start are ready: how long, and cold or warm."""
-    st = stats or cache_stats()
-    where = f" (kept in {st['cache_dir']})" if st["cache_dir"] else " (kernel cache off)"
-    return (f"kernels ready in {seconds:.1f} s: {st['compiled']} compiled{where}, "
-            f"{st['loaded']} read from the cache")

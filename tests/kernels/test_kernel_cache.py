@@ -67,32 +67,3 @@ def test_sources_digest_follows_every_file(tmp_path):
     assert sources_digest(tmp_path) == before
     (tmp_path / "sub" / "b.py").write_text("Y = 3\n")
     assert sources_digest(tmp_path) != before
-
-
-def test_start_report_says_cold_or_warm():
-    from ninfer_numba.kernels.kernel_cache import start_report
-
-    cold = start_report(17.49, {"cache_dir": "/c", "compiled": 26, "loaded": 0})
-    assert cold == "kernels ready in 17.5 s: 26 compiled (kept in /c), 0 read from the cache"
-    off = start_report(0.74, {"cache_dir": None, "compiled": 26, "loaded": 0})
-    assert "(kernel cache off)" in off
-
-
-def test_cli_cache_lists_and_clears_the_folders(tmp_path, monkeypatch, capsys):
-    from ninfer_numba.cli import main
-    from ninfer_numba.kernels import kernel_cache as kc
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    old = tmp_path / "ninfer_numba" / "kernels-0000000000000000"
-    cur = tmp_path / "ninfer_numba" / f"kernels-{kc.sources_digest()}"
-    for folder, size in ((old, 10), (cur, 2_000_000)):
-        (folder / "sub").mkdir(parents=True)
-        (folder / "sub" / "k.nbc").write_bytes(b"x" * size)
-    assert main(["cache"]) == 0
-    out = capsys.readouterr().out
-    assert "2.0 MB  (these sources)" in out and "0.0 MB  (older sources)" in out and old.exists()
-    assert main(["cache", "--clear"]) == 0
-    assert "removed" in capsys.readouterr().out and not old.exists() and not cur.exists()
-    assert main(["cache"]) == 0
-    assert "nothing under" in capsys.readouterr().out
