@@ -8,9 +8,10 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   array of any dtype and rank (e.g. 16 int8 of an int8 [N, K] weight, or uint32 ``arr[i:i+4]``), returned as
   four uint32 words; the address must be 16-byte aligned. Only for data no thread writes during the kernel.
 - ``mma_s8_16832(a0..a3, b0, b1, c0..c3)``: warp-wide ``mma.sync.m16n8k32`` s8 x s8 -> s32.
-- ``cp_async_16(smem, si, gmem, gi)``, ``cp_async_commit()``, ``cp_async_wait_all()``: 16-byte async copy
-  from flat element gi of a global array to flat element si of a shared array (any dtypes, both
-  addresses 16-byte aligned) and its group fences.
+- ``cp_async_16(smem, si, gmem, gi)``, ``cp_async_commit()``, ``cp_async_wait_all()``,
+  ``cp_async_wait_1()``: 16-byte async copy from flat element gi of a global array to flat element si of a
+  shared array (any dtypes, both addresses 16-byte aligned) and its group fences (wait_1: all but the
+  newest committed group have landed).
 - ``ldmatrix_x4(smem, i)``: warp-wide ``ldmatrix.sync.m8n8.x4.b16``: lane l supplies the 16-byte row at
   flat element i of a shared array, the row (l % 8) of matrix l // 8; lane l receives word l % 4 of row
   l // 4 of each of the four matrices (for int8 data: exactly the mma m16n8k32 A/B fragment layout).
@@ -132,6 +133,17 @@ def _make_intrinsics():
         return sig, codegen
 
     @intrinsic
+    def cp_async_wait_1(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_group 1;", "~{memory}",
+                              side_effect=True)
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
     def ldmatrix_x4(typingctx, smem, idx):
         ret = types.UniTuple(types.uint32, 4)
         sig = ret(smem, idx)
@@ -166,7 +178,7 @@ def _make_intrinsics():
         return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
 
     return (dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
+            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -279,6 +291,8 @@ def _make_fallbacks():
     def cp_async_wait_all():
         pass
 
+    cp_async_wait_1 = cp_async_wait_all
+
     @cuda.jit(device=True)
     def ldmatrix_x4(smem, idx):
         lane, rows = _warp_collective(_sim_bytes16(smem, idx).view(np.uint32).copy(), list)
@@ -299,7 +313,7 @@ def _make_fallbacks():
         return np.float32(vals[lane ^ lane_mask])
 
     return (dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
+            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
 
 
 def _accept_shared_alignment():
@@ -332,5 +346,5 @@ def _accept_shared_alignment():
 if SIMULATOR:
     _accept_shared_alignment()
 
-(dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
+(dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_1,
  ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32) = _make_fallbacks() if SIMULATOR else _make_intrinsics()

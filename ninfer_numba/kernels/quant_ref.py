@@ -7,6 +7,10 @@ Pure NumPy (no numba import), so the CPU reference model can use it. Written fro
 - Product: ``out[m, n] = sum_b float(ws[n, b]) * xs[m, b] * S[m, n, b]`` with the block dot product
   ``S[m, n, b] = sum_{i in block b} wq[n, i] * xq[m, i]`` exact in int32 (|S| <= 32 * 128 * 128 = 2^19).
 
+W8A16 product (the Hopper prefill GEMM, gemm_w8a16.py): activations ``xh: float16 [M, K]``, weights
+dequantized once per element to ``float16(wq · ws)``, products summed in float32:
+``out[m, n] = sum_k xh[m, k] · float16(wq[n, k] · ws[n, k/32])``.
+
 Quantization rule (shared bit-for-bit with the GPU kernels): per 32-block, ``d = amax / 127`` in float32
 (one correctly rounded division), ``q = trunc(v + copysign(0.5, v))`` with ``v = x / d`` (again one
 correctly rounded float32 division, then one float32 addition: round half away from zero, up to the
@@ -97,6 +101,42 @@ def q8_matmul_ref(wq, ws, xq, xs, *, with_abs: bool = False, row_chunk: int = 40
         if with_abs:
             mag[:, n0:n0 + w64.shape[0]] = np.abs(x64) @ np.abs(w64).T
     return (out, mag) if with_abs else out
+
+
+def dequant_f16_ref(wq, ws) -> np.ndarray:
+    """wq [N, K] int8, ws [N, K/32] float16 -> [N, K] float16: each weight q · d rounded once to float16
+    (q · d is exact in float32: 8 by 11 significant bits), as the W8A16 kernel's dequantization."""
+    wq = np.asarray(wq)
+    n, k = wq.shape
+    prod = wq.astype(np.float32).reshape(n, k // QK, QK) * np.asarray(ws).astype(np.float32)[:, :, None]
+    with np.errstate(over="ignore"):
+        return prod.reshape(n, k).astype(np.float16)
+
+
+def w8a16_matmul_ref(wq, ws, xh, *, with_abs: bool = False, row_chunk: int = 4096):
+    """W8A16 product in float64: xh [M, K] float16 against float16(wq · ws) -> out [M, N] float64, and with
+    ``with_abs`` mag = |xh| @ |w16|ᵀ (every product is exact in float64, so out carries no error worth
+    counting against float32 kernels)."""
+    x64 = np.asarray(xh).astype(np.float64)
+    n = np.asarray(wq).shape[0]
+    out = np.empty((x64.shape[0], n), np.float64)
+    mag = np.empty_like(out) if with_abs else None
+    for n0 in range(0, n, row_chunk):
+        w64 = dequant_f16_ref(wq[n0:n0 + row_chunk], ws[n0:n0 + row_chunk]).astype(np.float64)
+        out[:, n0:n0 + w64.shape[0]] = x64 @ w64.T
+        if with_abs:
+            mag[:, n0:n0 + w64.shape[0]] = np.abs(x64) @ np.abs(w64).T
+    return (out, mag) if with_abs else out
+
+
+def w8a16_error_bound(mag: np.ndarray, k: int, prior: np.ndarray | float = 0.0) -> np.ndarray:
+    """Bound on |kernel result - exact| for the W8A16 product with float32 accumulation on tensor cores.
+
+    The tensor cores add each step's 16 exact f16 x f16 products to the float32 accumulator with one
+    alignment and a truncating rounding (at most 2u of the magnitudes involved, u = 2^-24); K/16 steps, an
+    optional prior value and the final store add at most (K/16 + 4) · 2u of the absolute sum."""
+    u = 2.0 ** -24
+    return (k // 16 + 4) * 2 * u * (mag + np.abs(prior)) + 1e-30
 
 
 def random_q8_operands(rng: np.random.Generator, m: int, n: int, k: int):

@@ -1,0 +1,370 @@
+"""Hopper (sm_90a) inline-PTX intrinsics for the warpgroup GEMM, each with a pure-Python twin for the simulator.
+
+On a GPU every name is an ``@intrinsic`` emitting PTX through ``llvmlite.ir.InlineAsm`` (as kernels/ptx.py):
+
+- ``wgmma_f16(n)`` -> ``wgmma(acc, smem, a_byte, b_byte)``: one warpgroup-wide
+  ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16``, D = A·Bᵀ + D. ``acc`` is the UniTuple of n/2
+  float32 accumulators of this thread and is returned updated; A (64 x 16) and B (n x 16) are f16 tiles of
+  a shared array, both K-major (16 consecutive k per row), in the 128-byte-swizzled canonical layout below,
+  starting ``a_byte`` / ``b_byte`` bytes past ``smem[0]``. Asynchronous: the result may be read only after
+  ``wgmma_commit`` and a ``wgmma_wait_*`` that covers it.
+- ``wgmma_fence()``, ``wgmma_commit()``, ``wgmma_wait_0()``, ``wgmma_wait_1()``: the warpgroup's
+  ``wgmma.fence`` / ``commit_group`` / ``wait_group N`` (N groups may stay in flight).
+- ``fence_proxy_async()``: ``fence.proxy.async.shared::cta``: shared memory this thread wrote with ordinary
+  stores (or cp.async) becomes visible to the tensor cores' reads after the next barrier.
+- ``acc_zero(n)`` -> ``zero()``: the UniTuple of n/2 float32 zeros.
+- ``acc_store(n)`` -> ``store(acc, smem, byte, row_bytes)``: this thread's accumulators into a float32
+  tile in shared memory whose rows are ``row_bytes`` apart; ``byte`` is the address of this thread's first
+  element, (row 16w + g, column 2t) of the tile (w = warp in the warpgroup, g = lane >> 2, t = lane & 3).
+- ``smem_u32(smem)``: the 32-bit shared-window address of ``smem[0]``.
+- ``st_shared_v4(smem, byte, w0, w1, w2, w3)``: one 16-byte shared store at ``byte`` past ``smem[0]``.
+- ``cp_async_16b(smem, byte, gmem, gi)``: 16-byte ``cp.async`` from flat element gi of a global array to
+  ``byte`` past ``smem[0]`` (kernels/ptx.py's ``cp_async_16`` addresses shared memory by element and pays a
+  generic-to-shared conversion per call; this one adds a byte offset to the array's shared address).
+- ``ld_shared_v4_f32(smem, byte)`` -> four float32 from one 16-byte shared load; ``st_global_v4_f32(arr, i,
+  v0, v1, v2, v3)``: one 16-byte store at flat element i of a float32 global array (16-byte aligned).
+- ``dequant_i8x4(word, scale2)``: four int8 (the bytes of ``word``, low first) times the f16 scale held
+  twice in ``scale2`` -> two uint32 of two f16 each (elements 0, 1 and 2, 3, low half first). Exact int8 to
+  f16 (``0x6400 | (b ^ 0x80)`` is the f16 1152 + b, then 1152 is subtracted), then one correctly rounded f16
+  multiply: the result is float16(q · d), bit for bit what NumPy gives.
+
+Accumulator layout of m64nNk16 (PTX ISA, "wgmma register fragments"): thread t of the warpgroup, w = t >> 5,
+g = (t & 31) >> 2, q = t & 3; acc[4j + e] is D[16w + g + 8 (e >> 1), 8j + 2q + (e & 1)] for j < N/8.
+
+Shared-memory layout of an operand (K-major, 128-byte swizzle, the descriptor's mode 1): rows of 64 f16
+(128 bytes) one after another, tile base 1024-byte aligned; the 16-byte chunk c of row r is stored at chunk
+c ^ (r & 7) of its row. One wgmma reads 16 k (32 bytes) of every row: its start address moves by 32 bytes per
+k16 step; the descriptor's stride (8 rows = 1024 bytes) steps between 8-row groups.
+
+Under ``NUMBA_ENABLE_CUDASIM=1`` the twins compute the same values from the shared array directly: a
+``wgmma`` twin reads both tiles through the same swizzle and returns this thread's fragment of A·Bᵀ (each
+of the warpgroup's 128 simulated threads computes it on its own, so no lane exchange is needed); the
+asynchronous fences and waits do nothing.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import types
+
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.ptx import _host_view
+
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+_SHARED = 3                     # NVPTX address space of shared memory
+SWIZZLE_ROW_BYTES = 128         # one row of the swizzled layout: 64 f16
+SWIZZLE_ATOM_BYTES = 1024       # 8 rows: the swizzle pattern's period and the descriptor's stride
+# descriptor bits other than the start address: leading offset 1 (unused when swizzled), stride 1024 B >> 4,
+# swizzle mode 1 (128 B) in bits 62-63
+_DESC_FIXED = (1 << 16) | ((SWIZZLE_ATOM_BYTES >> 4) << 32) | (1 << 62)
+
+
+def swizzled_offset(row: int, chunk: int) -> int:
+    """Byte offset of 16-byte chunk ``chunk`` (0..7) of row ``row`` in a swizzled tile (host-side helper)."""
+    return row * SWIZZLE_ROW_BYTES + ((chunk ^ (row & 7)) << 4)
+
+
+# ---------------------------------------------------------------- GPU: inline PTX ---------------------
+
+def _smem_base(context, builder, aty, ary_val):
+    """32-bit shared-window address of element 0 of a shared array (addrspacecast lets NVVM fold it)."""
+    ary = context.make_array(aty)(context, builder, value=ary_val)
+    sptr = builder.addrspacecast(ary.data, ir.PointerType(ary.data.type.pointee, _SHARED))
+    return builder.trunc(builder.ptrtoint(sptr, _I64), _I32)
+
+
+def _void_asm(builder, text):
+    fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+    builder.call(fn, [])
+
+
+def _make_intrinsics():
+    from numba.cuda.extending import intrinsic
+
+    def _simple(text):
+        @intrinsic
+        def op(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                _void_asm(builder, text)
+                return context.get_dummy_value()
+            return sig, codegen
+        return op
+
+    wgmma_fence = _simple("wgmma.fence.sync.aligned;")
+    wgmma_commit = _simple("wgmma.commit_group.sync.aligned;")
+    wgmma_wait_0 = _simple("wgmma.wait_group.sync.aligned 0;")
+    wgmma_wait_1 = _simple("wgmma.wait_group.sync.aligned 1;")
+    fence_proxy_async = _simple("fence.proxy.async.shared::cta;")
+
+    def wgmma_f16(n):
+        n_acc = n // 2
+        regs = ", ".join(f"${i}" for i in range(n_acc))
+        # scale-d is a predicate (true: D = A·B + D), set from a register holding 1
+        asm = (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${2 * n_acc + 2}, 0;\n"
+               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs}}}, ${2 * n_acc}, "
+               f"${2 * n_acc + 1}, p, 1, 1, 0, 0;\n}}")
+        cons = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["l", "l", "r"])
+        acc_ty = types.UniTuple(types.float32, n_acc)
+
+        @intrinsic
+        def wgmma(typingctx, acc, smem, a_byte, b_byte):
+            if acc != acc_ty:
+                return None
+            sig = acc_ty(acc, smem, a_byte, b_byte)
+
+            def codegen(context, builder, sig, args):
+                base = _smem_base(context, builder, sig.args[1], args[1])
+                descs = []
+                for val, ty in ((args[2], sig.args[2]), (args[3], sig.args[3])):
+                    addr = builder.add(base, context.cast(builder, val, ty, types.uint32))
+                    start = builder.and_(builder.lshr(addr, ir.Constant(_I32, 4)), ir.Constant(_I32, 0x3FFF))
+                    descs.append(builder.or_(builder.zext(start, _I64), ir.Constant(_I64, _DESC_FIXED)))
+                ins = [builder.extract_value(args[0], i) for i in range(n_acc)]
+                fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * n_acc),
+                                                  [_F32] * n_acc + [_I64] * 2 + [_I32]),
+                                  asm, cons + ",~{memory}", side_effect=True)
+                res = builder.call(fn, ins + descs + [ir.Constant(_I32, 1)])
+                return context.make_tuple(builder, acc_ty, [builder.extract_value(res, i) for i in range(n_acc)])
+            return sig, codegen
+        return wgmma
+
+    def acc_zero(n):
+        acc_ty = types.UniTuple(types.float32, n // 2)
+
+        @intrinsic
+        def zero(typingctx):
+            sig = acc_ty()
+
+            def codegen(context, builder, sig, args):
+                return context.make_tuple(builder, acc_ty, [ir.Constant(_F32, 0.0)] * (n // 2))
+            return sig, codegen
+        return zero
+
+    def acc_store(n):
+        acc_ty = types.UniTuple(types.float32, n // 2)
+        st2 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _F32, _F32]), "st.shared.v2.f32 [$0], {$1, $2};",
+                           "r,f,f,~{memory}", side_effect=True)
+
+        @intrinsic
+        def store(typingctx, acc, smem, byte, row_bytes):
+            if acc != acc_ty:
+                return None
+            sig = types.void(acc, smem, byte, row_bytes)
+
+            def codegen(context, builder, sig, args):
+                base = builder.add(_smem_base(context, builder, sig.args[1], args[1]),
+                                   context.cast(builder, args[2], sig.args[2], types.uint32))
+                row8 = builder.mul(context.cast(builder, args[3], sig.args[3], types.uint32), ir.Constant(_I32, 8))
+                for j in range(n // 8):
+                    lo = builder.add(base, ir.Constant(_I32, 32 * j))
+                    hi = builder.add(lo, row8)
+                    v = [builder.extract_value(args[0], 4 * j + e) for e in range(4)]
+                    builder.call(st2, [lo, v[0], v[1]])
+                    builder.call(st2, [hi, v[2], v[3]])
+                return context.get_dummy_value()
+            return sig, codegen
+        return store
+
+    @intrinsic
+    def smem_u32(typingctx, smem):
+        sig = types.uint32(smem)
+
+        def codegen(context, builder, sig, args):
+            return _smem_base(context, builder, sig.args[0], args[0])
+        return sig, codegen
+
+    @intrinsic
+    def st_shared_v4(typingctx, smem, byte, w0, w1, w2, w3):
+        sig = types.void(smem, byte, w0, w1, w2, w3)
+
+        def codegen(context, builder, sig, args):
+            addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
+                               context.cast(builder, args[1], sig.args[1], types.uint32))
+            words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
+            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32] * 5), "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
+                              "r,r,r,r,r,~{memory}", side_effect=True)
+            builder.call(fn, [addr] + words)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_16b(typingctx, smem, byte, gmem, gidx):
+        sig = types.void(smem, byte, gmem, gidx)
+
+        def codegen(context, builder, sig, args):
+            addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
+                               context.cast(builder, args[1], sig.args[1], types.uint32))
+            g = context.make_array(sig.args[2])(context, builder, value=args[2])
+            gi = context.cast(builder, args[3], sig.args[3], types.intp)
+            gaddr = builder.ptrtoint(builder.gep(g.data, [gi]), _I64)
+            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _I64]), "cp.async.cg.shared.global [$0], [$1], 16;",
+                              "r,l,~{memory}", side_effect=True)
+            builder.call(fn, [addr, gaddr])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def ld_shared_v4_f32(typingctx, smem, byte):
+        ret = types.UniTuple(types.float32, 4)
+        sig = ret(smem, byte)
+
+        def codegen(context, builder, sig, args):
+            addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
+                               context.cast(builder, args[1], sig.args[1], types.uint32))
+            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32]),
+                              "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                              side_effect=True)
+            res = builder.call(fn, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def st_global_v4_f32(typingctx, arr, idx, v0, v1, v2, v3):
+        sig = types.void(arr, idx, v0, v1, v2, v3)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            addr = builder.ptrtoint(builder.gep(ary.data, [i]), _I64)
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], sig.args[2:])]
+            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64] + [_F32] * 4),
+                              "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f,~{memory}", side_effect=True)
+            builder.call(fn, [addr] + vals)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def dequant_i8x4(typingctx, word, scale2):
+        ret = types.UniTuple(types.uint32, 2)
+        sig = ret(word, scale2)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            # .rn on sub and mul keeps ptxas from contracting them into one fma (which would round differently)
+            asm = ("{\n.reg .b32 t, l, h, bias;\n"
+                   "mov.b32 bias, 0x64806480;\n"
+                   "xor.b32 t, $2, 0x80808080;\n"
+                   "prmt.b32 l, t, 0x64646464, 0x4140;\n"
+                   "prmt.b32 h, t, 0x64646464, 0x4342;\n"
+                   "sub.rn.f16x2 l, l, bias;\n"
+                   "sub.rn.f16x2 h, h, bias;\n"
+                   "mul.rn.f16x2 $0, l, $3;\n"
+                   "mul.rn.f16x2 $1, h, $3;\n}")
+            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I32] * 2), asm, "=r,=r,r,r")
+            res = builder.call(fn, vals)
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+        return sig, codegen
+
+    return (wgmma_f16, acc_zero, acc_store, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
+            fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, st_global_v4_f32,
+            dequant_i8x4)
+
+
+# ---------------------------------------------------------------- simulator: Python twins -------------
+
+def _smem_bytes(smem):
+    return _host_view(smem).reshape(-1).view(np.uint8)
+
+
+def _read_swizzled(buf: np.ndarray, start: int, rows: int) -> np.ndarray:
+    """[rows, 16] float64: 16 f16 of each row of a swizzled K-major tile from byte ``start`` (the descriptor's
+    start address), swizzled on the address bits as the hardware does (bits 4-6 ^= bits 7-9)."""
+    r = np.arange(rows)[:, None]
+    logical = start + (r >> 3) * SWIZZLE_ATOM_BYTES + (r & 7) * SWIZZLE_ROW_BYTES + 2 * np.arange(16)[None, :]
+    phys = logical ^ (((logical >> 7) & 7) << 4)
+    lo = buf[phys].astype(np.uint16)
+    hi = buf[phys + 1].astype(np.uint16)
+    return (lo | (hi << 8)).view(np.float16).astype(np.float64)
+
+
+def _fragment_index(n):
+    """(rows, cols) of this simulated thread's n/2 accumulators in the 64 x n tile (module docstring)."""
+    t = int(cuda.threadIdx.x) & 127
+    w, g, q = t >> 5, (t & 31) >> 2, t & 3
+    idx = np.arange(n // 2)
+    return 16 * w + g + 8 * ((idx & 3) >> 1), 8 * (idx >> 2) + 2 * q + (idx & 1)
+
+
+def _make_fallbacks():
+    @cuda.jit(device=True)
+    def _noop():
+        pass
+
+    def wgmma_f16(n):
+        @cuda.jit(device=True)
+        def wgmma(acc, smem, a_byte, b_byte):
+            buf = _smem_bytes(smem)
+            d = _read_swizzled(buf, int(a_byte), 64) @ _read_swizzled(buf, int(b_byte), n).T
+            rows, cols = _fragment_index(n)
+            return tuple((np.asarray(acc, np.float64) + d[rows, cols]).astype(np.float32))
+        return wgmma
+
+    def acc_zero(n):
+        @cuda.jit(device=True)
+        def zero():
+            return tuple(np.zeros(n // 2, np.float32))
+        return zero
+
+    def acc_store(n):
+        @cuda.jit(device=True)
+        def store(acc, smem, byte, row_bytes):
+            f = _smem_bytes(smem)
+            vals = np.asarray(acc, np.float32)
+            for j in range(n // 8):
+                for half in range(2):
+                    at = int(byte) + 32 * j + 8 * int(row_bytes) * half
+                    f[at:at + 8] = vals[4 * j + 2 * half: 4 * j + 2 * half + 2].view(np.uint8)
+        return store
+
+    @cuda.jit(device=True)
+    def smem_u32(smem):
+        return np.uint32(0)                       # twins address shared arrays by offset from element 0
+
+    @cuda.jit(device=True)
+    def st_shared_v4(smem, byte, w0, w1, w2, w3):
+        b = int(byte)
+        if b % 16:
+            raise ValueError(f"16-byte shared store at byte offset {b} is misaligned")
+        _smem_bytes(smem)[b:b + 16] = np.array([w0, w1, w2, w3], np.uint32).view(np.uint8)
+
+    @cuda.jit(device=True)
+    def cp_async_16b(smem, byte, gmem, gidx):
+        a = _host_view(gmem).reshape(-1)
+        start = int(gidx) * a.dtype.itemsize
+        if start % 16 or int(byte) % 16:
+            raise ValueError(f"cp.async at global byte {start} / shared byte {int(byte)} is misaligned")
+        _smem_bytes(smem)[int(byte):int(byte) + 16] = a.view(np.uint8)[start:start + 16]
+
+    @cuda.jit(device=True)
+    def ld_shared_v4_f32(smem, byte):
+        b = int(byte)
+        if b % 16:
+            raise ValueError(f"16-byte shared load at byte offset {b} is misaligned")
+        v = _smem_bytes(smem)[b:b + 16].view(np.float32)
+        return v[0], v[1], v[2], v[3]
+
+    @cuda.jit(device=True)
+    def st_global_v4_f32(arr, idx, v0, v1, v2, v3):
+        a = _host_view(arr).reshape(-1)
+        i = int(idx)
+        if i % 4:
+            raise ValueError(f"16-byte global store at element {i} is misaligned")
+        a[i:i + 4] = (v0, v1, v2, v3)
+
+    @cuda.jit(device=True)
+    def dequant_i8x4(word, scale2):
+        q = np.array([int(word) & 0xFFFFFFFF], np.uint32).view(np.int8).astype(np.float32)
+        d = np.array([int(scale2) & 0xFFFF], np.uint16).view(np.float16).astype(np.float32)[0]
+        with np.errstate(over="ignore"):
+            h = (q * d).astype(np.float16).view(np.uint32)
+        return np.uint32(h[0]), np.uint32(h[1])
+
+    return (wgmma_f16, acc_zero, acc_store, _noop, _noop, _noop, _noop, _noop, smem_u32, st_shared_v4,
+            cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4)
+
+
+(wgmma_f16, acc_zero, acc_store, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1, fence_proxy_async,
+ smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4) = (
+    _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -1,0 +1,115 @@
+"""W8A16 prefill GEMM (gemm_w8a16.py) and its Hopper intrinsics (ptx_sm90.py) against NumPy.
+
+Tolerance: weights are dequantized to float16(q · d) exactly as quant_ref.dequant_f16_ref does (checked
+bit for bit below), products of two f16 are exact, and the tensor cores' float32 accumulation is bounded by
+quant_ref.w8a16_error_bound ((K/16 + 4) · 2u of the absolute sum). A wrong swizzle, fragment, scale or
+row shows as errors of the order of the values themselves.
+
+Under the simulator the twins emulate wgmma from the shared bytes through the hardware's address swizzle,
+so the kernel's tiling, copies and epilogue run as on the GPU; the shapes are the smallest that cover every
+tail: M not a multiple of 128, N not a multiple of the tile, K = 32 x odd (a final half stage).
+"""
+import numpy as np
+import pytest
+
+from ninfer_numba.kernels import ptx_sm90 as sm90
+from ninfer_numba.kernels.gemm_w8a16 import _choose_bn, gemm_w8a16
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+from ninfer_numba.kernels.quant_ref import dequant_f16_ref, random_q8_operands, w8a16_error_bound, w8a16_matmul_ref
+
+
+def _has_wgmma():
+    return SIMULATOR or (gpu_available() and cuda.get_current_device().compute_capability >= (9, 0))
+
+
+RUNNABLE = pytest.mark.skipif(not _has_wgmma(), reason="needs the CUDA simulator or an sm_90 GPU")
+GPU = pytest.mark.skipif(not (gpu_available() and _has_wgmma()), reason="needs an sm_90 GPU")
+
+
+def _operands(rng, m, n, k):
+    wq, ws, _, _ = random_q8_operands(rng, 0, n, k)
+    xh = (rng.standard_normal((m, k)) * 2.0).astype(np.float16)
+    return wq, ws, xh
+
+
+def _run(m, n, k, *, accumulate, seed, bn=None):
+    rng = np.random.default_rng(seed)
+    wq, ws, xh = _operands(rng, m, n, k)
+    prior = rng.standard_normal((m, n)).astype(np.float32) if accumulate else None
+    out = cuda.to_device(prior if accumulate else np.full((m, n), np.nan, np.float32))
+    gemm_w8a16(cuda.to_device(wq), cuda.to_device(ws), cuda.to_device(xh), out, accumulate=accumulate, bn=bn)
+    got = out.copy_to_host()
+    ref, mag = w8a16_matmul_ref(wq, ws, xh, with_abs=True)
+    prior64 = 0.0 if prior is None else prior.astype(np.float64)
+    bound = w8a16_error_bound(mag, k, prior64)
+    assert np.all(np.isfinite(got)), "unwritten (NaN) outputs"
+    err = np.abs(got.astype(np.float64) - (ref + prior64))
+    worst = np.unravel_index(err.argmax(), err.shape)
+    assert np.all(err <= bound), f"max err {err.max():.3g} at {worst} vs bound {bound[worst]:.3g}"
+
+
+@cuda.jit
+def _dequant_kernel(words, scales, out):
+    i = cuda.grid(1)
+    if i < words.size:
+        lo, hi = sm90.dequant_i8x4(words[i], scales[i] | (scales[i] << 16))
+        out[2 * i] = lo
+        out[2 * i + 1] = hi
+
+
+@pytest.mark.cudasim
+@RUNNABLE
+def test_dequant_i8x4_is_float16_of_q_times_d():
+    """Every int8 value against scales of every kind (tiny, subnormal products, large, negative)."""
+    q = np.arange(-128, 128, dtype=np.int8)
+    scales = np.array([1e-2, -3.7e-3, 6e-5, 2.0 ** -24, -650.0, 1.0, 0.0], np.float16)
+    wq = np.tile(q, len(scales)).reshape(-1, 32)                         # [56, 32]: 8 rows per scale
+    ws = np.repeat(scales, 8)[:, None]                                   # [56, 1]
+    words = wq.reshape(-1).view(np.uint32)                               # 4 int8 per word
+    sc = np.repeat(ws.view(np.uint16).reshape(-1), 8).astype(np.uint32)  # the scale of each word
+    out = cuda.to_device(np.zeros(2 * words.size, np.uint32))
+    _dequant_kernel[(words.size + 63) // 64, 64](cuda.to_device(words), cuda.to_device(sc), out)
+    got = out.copy_to_host().view(np.float16).reshape(wq.shape)
+    np.testing.assert_array_equal(got.view(np.uint16), dequant_f16_ref(wq, ws).view(np.uint16))
+
+
+def test_choose_bn_fills_the_gpu():
+    """256-column tiles unless the grid would leave SMs idle (M = 512 on 4096 columns: 64 tiles of 256)."""
+    assert _choose_bn(8192, 24576, 132) == 256
+    assert _choose_bn(2048, 4096, 132) == 256
+    assert _choose_bn(512, 4096, 132) == 128
+
+
+@pytest.mark.cudasim
+@RUNNABLE
+def test_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="gemm_w8a16 shapes"):
+        gemm_w8a16(np.zeros((64, 48), np.int8), np.zeros((64, 1), np.float16), np.zeros((2, 48), np.float16),
+                   np.zeros((2, 64), np.float32))
+
+
+@pytest.mark.cudasim
+@RUNNABLE
+@pytest.mark.parametrize("m,n,k,accumulate,bn", [(20, 96, 96, False, 128), (5, 160, 32, True, 256),
+                                                 (130, 36, 64, True, 128)],
+                         ids=["M20-N96-K96", "M5-N160-K32-acc-bn256", "M130-N36-K64-acc"])
+def test_gemm_w8a16_small(m, n, k, accumulate, bn):
+    _run(m, n, k, accumulate=accumulate, seed=m * 41 + n * 3 + k, bn=bn)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("bn", [128, 256])
+@pytest.mark.parametrize("m", [1, 7, 113, 239, 1023, 2048])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (12352, 4096), (4096, 12288), (24576, 4096),      # 9B
+                                 (16480, 5120), (5120, 17408), (160, 5120), (1028, 96)],          # 27B, tails
+                         ids=lambda v: str(v))
+def test_gpu_gemm_w8a16_model_shapes(bn, m, n, k):
+    _run(m, n, k, accumulate=(m % 2 == 1), seed=m + n + k, bn=bn)
+
+
+@pytest.mark.gpu
+@GPU
+def test_gpu_gemm_w8a16_large_m():
+    """M = 4099: many row tiles (several rasterization groups) with a ragged last one; 27B-like K."""
+    _run(4099, 1024, 5120, accumulate=True, seed=4099)
