@@ -1,13 +1,13 @@
-"""Microbenchmark of the Q8 GEMV / GEMM family and the activation quantizers, timed inside replayed CUDA graphs.
+"""Microbenchmark of the decode GEMV and the activation quantizers, timed inside replayed CUDA graphs.
 
-    python -m benchmarks.kernels.bench_gemm [--model 9b|27b] [--only gemv,step,gemm,quant]
-                                            [--m 512,2048,8192] [--paths mma,dp4a] [--out FILE]
+    python -m benchmarks.kernels.bench_gemm [--model 9b|27b] [--only gemv,step,quant] [--out FILE]
     .venv/bin/python -m pytest benchmarks/kernels/bench_gemm.py      (pytest-benchmark variants)
 
+The prefill GEMMs have their own benchmark, side by side with cuBLAS: benchmarks/kernels/bench_prefill_gemm.py.
+
 Rows: shape, µs per call, GB/s of the bytes the kernel must move (int8 weights + fp16 scales + activations
-+ output), int8 TOPS (2·M·N·K / time) and the % of the ceiling that bounds the kernel: the 4.25 TB/s copy rate
-for GEMV and the quantizers, and for GEMM both cuBLAS int8's 655 TOPS (the low end measured on 9B shapes,
-reference/anchors.md) and the 114-141 TOPS llama.cpp's whole prefill reaches. GEMV weights are rotated over
++ output), int8 TOPS (2·N·K / time) and the % of the 4.25 TB/s copy rate that bounds these kernels. GEMV
+weights are rotated over
 >= 4 copies (and enough to stream >= 3x the 60 MB L2 per rotation); "step" replays every GEMV of one decode
 step of the model (8-27 GB of weights, far past L2). Weights are zero-filled: speed does not depend on the
 values. With --out, one JSON object per row is appended.
@@ -27,7 +27,6 @@ from ninfer_numba.kernels.quant_act import rmsnorm_quant, silu_mul_quant
 from ninfer_numba.utils.timing import time_graph
 
 COPY_GBS = 4250.0
-CUBLAS_INT8_TOPS = 655.0
 L2_BYTES = 60e6
 # per-model matrices (N rows, K cols) and how many layers use them
 MODELS = {
@@ -111,26 +110,6 @@ def bench_decode_step(c, rng):
                  GBs=gbs, pct=100 * gbs / COPY_GBS, ceiling="copy 4.25 TB/s")]
 
 
-def bench_gemm(c, rng, ms_list, paths):
-    rows = []
-    shapes = [("gate|up", 2 * c["F"], c["E"]), ("down", c["E"], c["F"]), ("gdn in", c["gdn_in"], c["E"]),
-              ("mixer out", c["E"], c["mixer_out"])]
-    for path in paths:
-        for m in ms_list:
-            for name, n, k in shapes:
-                wq, ws = _q8_matrix(n, k)
-                xq, xs = _activation(rng, m, k)
-                out = _zeros((m, n), np.float32)
-                ops = 2.0 * m * n * k
-                n_inner = max(1, min(10, int(4e12 / ops)))
-                ms = time_graph(lambda s: gemm_q8(wq, ws, xq, xs, out, path=path, stream=s),
-                                n_inner=n_inner, reps=5).median_ms
-                tops = ops / ms / 1e9
-                rows.append(dict(kernel=f"gemm_q8 {path}", shape=f"M{m} {name} {n}x{k}", us=ms * 1e3, TOPS=tops,
-                                 pct=100 * tops / CUBLAS_INT8_TOPS, ceiling="cuBLAS int8 655 TOPS"))
-    return rows
-
-
 def bench_quant(c, rng):
     rows = []
     e, f = c["E"], c["F"]
@@ -161,9 +140,7 @@ def _print(rows):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="9b")
-    ap.add_argument("--only", default="gemv,step,gemm,quant")
-    ap.add_argument("--m", default="512,2048,8192", help="GEMM row counts")
-    ap.add_argument("--paths", default="mma,dp4a", help="GEMM paths")
+    ap.add_argument("--only", default="gemv,step,quant")
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args(argv)
     c = MODELS[args.model]
@@ -176,8 +153,6 @@ def main(argv=None) -> None:
         rows += bench_decode_step(c, rng)
     if "quant" in parts:
         rows += bench_quant(c, rng)
-    if "gemm" in parts:
-        rows += bench_gemm(c, rng, [int(v) for v in args.m.split(",")], args.paths.split(","))
     _print(rows)
     if args.out:
         dev = cuda.get_current_device()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prefill work on one H200, one stage per device call (each under 10 minutes):
+#   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
+#               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
+# Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_prefill.sh   (carry wheelhouse/ for the offline install)
+set -u
+OUT=${OUT:-results/session}; mkdir -p "$OUT" models
+export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
+say "setup done"
+case "${STAGE:-gemm}" in
+gemm)
+  timeout 90 python3 -m pytest -q -x tests/kernels/test_gemm_w8a16.py -k "small or dequant" -p no:cacheprovider \
+    > "$OUT/test_gemm_smoke.log" 2>&1
+  rc=$?; say "smoke (exit $rc): $(tail -1 "$OUT/test_gemm_smoke.log")"
+  [ $rc = 124 ] && { tail -30 "$OUT/test_gemm_smoke.log"; exit 4; }
+  tests="tests/kernels/test_gemm_w8a16.py ${EXTRA_TESTS:-}"
+  timeout 200 python3 -m pytest -q -n 4 -m "gpu or cudasim" $tests -p no:cacheprovider > "$OUT/test_gemm_gpu.log" 2>&1
+  say "GPU tests: $(tail -1 "$OUT/test_gemm_gpu.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gemm_gpu.log" | cut -c1-240 | head -20
+  timeout 300 python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b,27b --m 512,2048,8192 --paths w8a16,mma \
+    --out "$OUT/bench_prefill_gemm.jsonl" > "$OUT/bench_prefill_gemm.log" 2>&1
+  say "prefill GEMM (exit $?):"; grep -v "^WARNING" "$OUT/bench_prefill_gemm.log" | tail -32
+  ;;
+esac
