@@ -59,6 +59,18 @@ def silu_mul_ref(gu: np.ndarray) -> np.ndarray:
     return (silu * up).astype(np.float32)
 
 
+def rmsnorm_f16_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """rmsnorm_ref rounded once to float16 (nearest even) -> [M, K] float16, as act_f16.rmsnorm_f16."""
+    with np.errstate(over="ignore"):
+        return rmsnorm_ref(x, w, eps).astype(np.float16)
+
+
+def silu_mul_f16_ref(gu: np.ndarray) -> np.ndarray:
+    """silu_mul_ref rounded once to float16 (nearest even) -> [M, F] float16, as act_f16.silu_mul_f16."""
+    with np.errstate(over="ignore"):
+        return silu_mul_ref(gu).astype(np.float16)
+
+
 def rmsnorm_quant_ref(x, w, eps):
     """RMSNorm then per-block quantization: -> (xq [M, K] int8, xs [M, K/32] float32)."""
     return quantize_q8_blocks_ref(rmsnorm_ref(x, w, eps))

@@ -1,0 +1,145 @@
+"""Float16 activations for the W8A16 prefill GEMM (gemm_w8a16.py takes ``xh: float16 [M, K]``): plain
+conversion, fused with RMSNorm, fused with SiLU gating. The float16 counterparts of quant_act.py.
+
+Layout: inputs float32 [M, K] (SiLU: [M, 2F], gate columns [0, F), up columns [F, 2F)), C-contiguous with
+16-byte aligned rows (K % 32 == 0 and an aligned base); outputs float16 [M, K], C-contiguous. The launchers
+hand the kernels the output's uint64 view [M, K/4]. The unit of work is a chunk of 4 consecutive elements:
+one 16-byte non-coherent load (ptx.ldg_nc_v4_u32), two ``pack_f16x2`` (cvt.rn.f16x2.f32) and one 8-byte
+store, and consecutive threads take consecutive chunks, so a warp reads 512 and writes 256 contiguous bytes.
+
+Grids (block (TPB,) = 128 threads everywhere; M == 0 launches nothing):
+- to_f16: one-dimensional grid-stride loop over the M·K/4 chunks of the flat array,
+  min(ceil(M·K/4 / TPB), MAX_BLOCKS) blocks.
+- rmsnorm_f16, silu_mul_f16: grid (M, Y); the Y blocks of row m take the row's chunks
+  blockIdx.y·TPB + tid, then + Y·TPB, ... Y = min(ceil(K/4 / TPB), ceil(SPREAD_BLOCKS / M)): a decode row
+  (M = 1) is spread over up to ceil(K/4/TPB) blocks, a large prefill (M >= SPREAD_BLOCKS) gets one block per
+  row. RMSNorm needs the whole row's sum of squares, so each of a row's Y blocks computes it (the row is at
+  most 70 KB and sits in L2) before converting its own chunks.
+
+Numerics: every value is computed in float32 exactly as quant_act computes it, then rounded once to float16,
+to nearest even (cvt.rn: overflow gives +-inf, tiny values become subnormal or +-0; NumPy's
+``astype(np.float16)`` rounds the same way). RMSNorm sums x^2 with quant_act's own loop and
+``_block_sum_f32`` tree over its TPB threads, then r = 1 / sqrt(ss / K + eps) and y = (x · r) · w; SiLU is
+quant_act's ``_silu_mul``, g / (1 + exp(-g)) · u. No multiply feeds an add outside the sum of squares and
+every constant is a float32 global, so nothing is contracted or promoted to float64: the float32 value
+before rounding is the one the int8 path quantizes. to_f16 is therefore bit-exact with NumPy; the fused
+kernels differ from NumPy's float32 only in the RMSNorm summation order and the GPU expf, so a result may
+be the other float16 neighbour of the reference (tests/kernels/test_act_f16.py states the rule).
+"""
+import math
+
+import numpy as np
+
+from ninfer_numba.kernels import ptx
+from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.quant_act import TPB, _block_sum_f32, _silu_mul
+from ninfer_numba.kernels.quant_ref import QK, rmsnorm_f16_ref, silu_mul_f16_ref  # noqa: F401
+
+VEC = 4                         # elements per chunk: one 16-byte load, one 8-byte store
+MAX_BLOCKS = 4096               # to_f16's grid cap (~31 blocks of TPB per H200 SM; the loop covers the rest)
+SPREAD_BLOCKS = 1024            # rows x slices the fused kernels aim for when M is small
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_SHIFT32 = np.uint64(32)
+
+
+# ---------------------------------------------------------------- device helpers ----------------------
+
+@cuda.jit(device=True, inline=True)
+def _f16x4(a, b, c, d):
+    """Four float32 rounded to float16 (nearest even), packed into one uint64, ``a`` in bits 0-15."""
+    return np.uint64(pack_f16x2(a, b)) | (np.uint64(pack_f16x2(c, d)) << _SHIFT32)
+
+
+@cuda.jit(device=True, inline=True)
+def _load4(src, flat):
+    """The 4 float32 at flat element index ``flat`` of src (16-byte aligned)."""
+    w = ptx.ldg_nc_v4_u32(src, flat)
+    return ptx.i32_as_f32(w[0]), ptx.i32_as_f32(w[1]), ptx.i32_as_f32(w[2]), ptx.i32_as_f32(w[3])
+
+
+# ---------------------------------------------------------------- kernels -----------------------------
+
+@cached_jit()
+def _to_f16_kernel(x, out):
+    """x: [M·K] f32 (flat) -> out: [M·K/4] uint64 (flat, 4 f16 each); 1-D grid-stride, block (TPB,)."""
+    stride = cuda.gridDim.x * TPB
+    for c in range(cuda.blockIdx.x * TPB + cuda.threadIdx.x, out.shape[0], stride):
+        a, b, e, d = _load4(x, VEC * c)
+        out[c] = _f16x4(a, b, e, d)
+
+
+@cached_jit()
+def _rmsnorm_f16_kernel(x, w, eps, out):
+    """y = x / sqrt(mean(x^2) + eps) * w in float16. x: [M, K] f32, w: [K] f32 -> out: [M, K/4] uint64;
+    grid (M, Y), block (TPB,)."""
+    s_red = cuda.shared.array(TPB, dtype=np.float32)     # [TPB] partial sums of squares
+    m = cuda.blockIdx.x
+    k = x.shape[1]
+    ss = _F0
+    for i in range(cuda.threadIdx.x, k, TPB):           # quant_act's loop: the same float32 sum
+        v = x[m, i]
+        ss += v * v
+    ss = _block_sum_f32(s_red, ss)
+    r = _F1 / math.sqrt(ss / np.float32(k) + eps)
+    for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, out.shape[1], TPB * cuda.gridDim.y):
+        x0, x1, x2, x3 = _load4(x, m * k + VEC * j)
+        w0, w1, w2, w3 = _load4(w, VEC * j)
+        out[m, j] = _f16x4((x0 * r) * w0, (x1 * r) * w1, (x2 * r) * w2, (x3 * r) * w3)
+
+
+@cached_jit()
+def _silu_mul_f16_kernel(gu, out):
+    """silu(gu[:, :F]) * gu[:, F:] in float16. gu: [M, 2F] f32 -> out: [M, F/4] uint64;
+    grid (M, Y), block (TPB,)."""
+    m = cuda.blockIdx.x
+    f = gu.shape[1] // 2
+    for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, out.shape[1], TPB * cuda.gridDim.y):
+        g0, g1, g2, g3 = _load4(gu, m * 2 * f + VEC * j)
+        u0, u1, u2, u3 = _load4(gu, m * 2 * f + f + VEC * j)
+        out[m, j] = _f16x4(_silu_mul(g0, u0), _silu_mul(g1, u1), _silu_mul(g2, u2), _silu_mul(g3, u3))
+
+
+# ---------------------------------------------------------------- launchers ---------------------------
+
+def _check(name, m, k, out, k_out):
+    if k % QK or tuple(out.shape) != (m, k_out) or out.dtype != np.float16:
+        raise ValueError(f"{name}: input [{m}, {k}] (K % {QK} == 0) needs out float16 [{m}, {k_out}], "
+                         f"got {out.dtype} {tuple(out.shape)}")
+
+
+def _row_grid(m, k):
+    """(M, Y) for the fused kernels: Y slices of a row of k outputs (module docstring)."""
+    per_row = -(-(k // VEC) // TPB)
+    return m, max(1, min(per_row, -(-SPREAD_BLOCKS // m)))
+
+
+def to_f16(x, out, *, stream=0):
+    """Round to float16. x: [M, K] float32; out: [M, K] float16 (out)."""
+    m, k = x.shape
+    _check("to_f16", m, k, out, k)
+    n = m * k // VEC
+    if n:
+        grid = min(-(-n // TPB), MAX_BLOCKS)
+        _to_f16_kernel[grid, TPB, stream](x.reshape(-1), out.view(np.uint64).reshape(-1))
+
+
+def rmsnorm_f16(x, w, eps, out, *, stream=0):
+    """Fused RMSNorm + float16. x: [M, K] float32; w: [K] float32 (the +1 already folded in); eps: float;
+    out: [M, K] float16 (out)."""
+    m, k = x.shape
+    _check("rmsnorm_f16", m, k, out, k)
+    if m:
+        _rmsnorm_f16_kernel[_row_grid(m, k), TPB, stream](x, w, np.float32(eps), out.view(np.uint64))
+
+
+def silu_mul_f16(gu, out, *, stream=0):
+    """Fused SiLU gating + float16. gu: [M, 2F] float32 (gate columns [0, F), up columns [F, 2F));
+    out: [M, F] float16 (out)."""
+    m, f2 = gu.shape
+    f = f2 // 2
+    _check("silu_mul_f16", m, f if 2 * f == f2 else 1, out, f)
+    if m:
+        _silu_mul_f16_kernel[_row_grid(m, f), TPB, stream](gu, out.view(np.uint64))
