@@ -2,6 +2,7 @@
 
     python -m benchmarks.kernels.bench_prefill_gemm [--models 9b,27b] [--m 512,2048,8192]
                                                     [--paths w8a16,mma] [--no-cublas] [--out FILE]
+                                                    [--shapes gate|up,down] [--variants "256,1,2;128,1,1"]
 
 Ours: ``gemm_w8a16`` (f16 activations, Q8_0 weights dequantized in the kernel; Hopper) and the int8 paths
 of ``gemm_q8`` (``mma``: int8 mma.sync, ``dp4a``), timed by replaying a CUDA graph of n calls between events
@@ -10,6 +11,8 @@ of ``gemm_q8`` (``mma``: int8 mma.sync, ``dp4a``), timed by replaying a CUDA gra
 ``torch.matmul`` (the W8A16 product's ceiling without the dequantization), timed the same way with
 torch.cuda.CUDAGraph. Rate = 2·M·N·K / time (TOPS-equivalent for every path); each of our rows is also shown
 as a fraction of cuBLAS int8 on the same shape. All operands are random (METHOD.md: zeros run faster).
+``--variants`` times the W8A16 kernel's build options (gemm_w8a16._kernel's bn, fence, w_depth) side by side
+as paths named ``w8a16[bn,fence,w_depth]``.
 """
 from __future__ import annotations
 
@@ -38,13 +41,17 @@ def _n_inner(ops: float) -> int:
 
 
 def time_ours(path: str, m: int, n: int, k: int, rng) -> float:
-    """Median ms of one call of our kernel on random operands."""
+    """Median ms of one call of our kernel on random operands (path "w8a16[bn,fence,w_depth]": a build
+    variant of the W8A16 kernel)."""
     wq = cuda.to_device(rng.integers(-127, 128, (n, k), dtype=np.int8))
     ws = cuda.to_device((rng.uniform(0.5, 2.0, (n, k // 32)) * 1e-2).astype(np.float16))
     out = cuda.device_array((m, n), np.float32)
-    if path == "w8a16":
+    if path.startswith("w8a16"):
+        variant = tuple(int(v) for v in path[6:-1].split(",")) if "[" in path else ()
         xh = cuda.to_device(rng.standard_normal((m, k)).astype(np.float16))
-        fn = lambda s: gemm_w8a16(wq, ws, xh, out, stream=s)           # noqa: E731
+        kw = dict(bn=variant[0], variant=tuple(bool(v) if i == 0 else v for i, v in enumerate(variant[1:]))) \
+            if variant else {}
+        fn = lambda s: gemm_w8a16(wq, ws, xh, out, stream=s, **kw)     # noqa: E731
     else:
         xq = cuda.to_device(rng.integers(-127, 128, (m, k), dtype=np.int8))
         xs = cuda.to_device(rng.uniform(1e-3, 1e-1, (m, k // 32)).astype(np.float32))
@@ -85,12 +92,14 @@ def time_cublas(kind: str, m: int, n: int, k: int) -> float:
     return statistics.median(times)
 
 
-def run(models, ms, paths, cublas: bool):
+def run(models, ms, paths, cublas: bool, shapes=None):
     rng = np.random.default_rng(0)
     rows = []
     for model in models:
         for m in ms:
             for name, n, k in SHAPES[model]:
+                if shapes and name not in shapes:
+                    continue
                 ops = 2.0 * m * n * k
                 row = {"model": model, "M": m, "shape": name, "N": n, "K": k}
                 if cublas:
@@ -112,7 +121,7 @@ def _line(r, paths, cublas):
     if cublas:
         s += f" cuBLAS int8 {r['cublas_int8_tops']:6.0f}  f16 {r['cublas_f16_tops']:6.0f}"
     for p in paths:
-        s += f" | {p} {r[f'{p}_us']:9.1f} us {r[f'{p}_tops']:6.0f} TOPS"
+        s += f" | {p} {r[f'{p}_us']:8.1f} us {r[f'{p}_tops']:6.0f} TOPS"
         if cublas:
             s += f" ({r[f'{p}_vs_int8']:.2f} of int8)"
     return s
@@ -125,9 +134,12 @@ def main(argv=None) -> None:
     ap.add_argument("--paths", default="w8a16,mma", help="our kernels: w8a16, mma, dp4a")
     ap.add_argument("--no-cublas", action="store_true", help="skip the torch/cuBLAS rows")
     ap.add_argument("--out", help="append one JSON object per row here")
+    ap.add_argument("--shapes", help="only these projections (comma-separated names, e.g. 'gate|up,down')")
+    ap.add_argument("--variants", help="W8A16 build variants 'bn,fence,w_depth;...' timed as extra paths")
     args = ap.parse_args(argv)
-    rows = run(args.models.split(","), [int(v) for v in args.m.split(",")], args.paths.split(","),
-               not args.no_cublas)
+    paths = args.paths.split(",") + [f"w8a16[{v}]" for v in (args.variants or "").split(";") if v]
+    rows = run(args.models.split(","), [int(v) for v in args.m.split(",")], paths, not args.no_cublas,
+               set(args.shapes.split(",")) if args.shapes else None)
     if args.out:
         name = cuda.get_current_device().name
         gpu = name.decode() if isinstance(name, bytes) else str(name)

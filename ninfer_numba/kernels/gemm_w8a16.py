@@ -73,7 +73,7 @@ def smem_bytes(bn: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def _kernel(bn: int):
+def _kernel(bn: int, fence: bool = True, w_depth: int = 1):
     b_chunks = bn * BK // 16 // TPB          # 16-byte int8 weight chunks per thread per stage: 4 or 2
     b_words = 4 * b_chunks
     b_stage = bn * ROW_BYTES
@@ -136,6 +136,8 @@ def _kernel(bn: int):
         smem = cuda.shared.array(0, types.uint32, alignment=16)     # [A_SLOTS][128 x 128 B] | [B_SLOTS][bn x 128 B]
         r_w = cuda.local.array(b_words, np.uint32)               # [b_chunks x 4] int8 words of the next stage
         r_s = cuda.local.array(b_chunks, np.uint32)              # [b_chunks] their f16 scale bits
+        r_w1 = cuda.local.array(b_words, np.uint32)              # w_depth 2: the stage after (odd stages)
+        r_s1 = cuda.local.array(b_chunks, np.uint32)
         a_src = cuda.local.array(4, np.uint32)                   # [4] xh element offsets of my A chunks at k 0
         b_src = cuda.local.array(b_chunks, np.uint32)            # [b_chunks] wq byte offsets of my B chunks
         s_src = cuda.local.array(b_chunks, np.uint32)            # [b_chunks] ws_flat offsets of their scales
@@ -176,8 +178,14 @@ def _kernel(bn: int):
             if kt < n_k:
                 issue_a(smem, xh, a_src, a_dst, kt, k)
             ptx.cp_async_commit()
-        if n_k > 1:
-            load_b(wq, ws_flat, b_src, s_src, 1, k, r_w, r_s)
+        if w_depth == 1:
+            if n_k > 1:
+                load_b(wq, ws_flat, b_src, s_src, 1, k, r_w, r_s)
+        else:
+            if n_k > 1:
+                load_b(wq, ws_flat, b_src, s_src, 1, k, r_w1, r_s1)
+            if n_k > 2:
+                load_b(wq, ws_flat, b_src, s_src, 2, k, r_w, r_s)
         acc = zero()
         a_off = pad + uint32((tid >> 7) * 64 * ROW_BYTES)       # this warpgroup's 64 rows of A
         for kt in range(n_k):
@@ -190,12 +198,27 @@ def _kernel(bn: int):
             acc = wgmma(acc, smem, a_byte + uint32(64), b_byte + uint32(64))
             acc = wgmma(acc, smem, a_byte + uint32(96), b_byte + uint32(96))
             sm90.wgmma_commit()
-            if kt + 1 < n_k:
-                store_b(smem, b_dst0, b_dst1, kt + 1, k, r_w, r_s)
+            if w_depth == 1:
+                if kt + 1 < n_k:
+                    store_b(smem, b_dst0, b_dst1, kt + 1, k, r_w, r_s)
+            elif kt & 1:
+                if kt + 1 < n_k:
+                    store_b(smem, b_dst0, b_dst1, kt + 1, k, r_w, r_s)
+            else:
+                if kt + 1 < n_k:
+                    store_b(smem, b_dst0, b_dst1, kt + 1, k, r_w1, r_s1)
             ptx.cp_async_wait_1()                                # A(kt + 1) has landed
-            sm90.fence_proxy_async()                             # ... and this thread's st.shared are visible
-            if kt + 2 < n_k:
-                load_b(wq, ws_flat, b_src, s_src, kt + 2, k, r_w, r_s)
+            if fence:
+                sm90.fence_proxy_async()                         # ... and this thread's st.shared are visible
+            if w_depth == 1:
+                if kt + 2 < n_k:
+                    load_b(wq, ws_flat, b_src, s_src, kt + 2, k, r_w, r_s)
+            elif kt & 1:
+                if kt + 3 < n_k:
+                    load_b(wq, ws_flat, b_src, s_src, kt + 3, k, r_w, r_s)
+            else:
+                if kt + 3 < n_k:
+                    load_b(wq, ws_flat, b_src, s_src, kt + 3, k, r_w1, r_s1)
             if kt + 3 < n_k:
                 issue_a(smem, xh, a_src, a_dst, kt + 3, k)
             ptx.cp_async_commit()
@@ -254,7 +277,8 @@ def _sm_count() -> int:
     return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, bn: int | None = None, stream=0) -> None:
+def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, bn: int | None = None, stream=0,
+               variant: tuple = ()) -> None:
     """out (+)= xh · float16(wq · ws)ᵀ on sm_90 tensor cores.
 
     wq: [N, K] int8, ws: [N, K/32] float16, xh: [M, K] float16, out: [M, N] float32 (written, or added to
@@ -269,7 +293,7 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, bn: int | None = No
     bn = bn or _choose_bn(m, n, _sm_count())
     if bn not in (128, 256):
         raise ValueError(f"bn must be 128 or 256, not {bn}")
-    kernel = _kernel(bn)
+    kernel = _kernel(bn, *variant)
     args = (wq, ws.view(np.uint16).reshape(-1), xh, out, 1 if accumulate else 0)
     nbytes = smem_bytes(bn)
     if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
