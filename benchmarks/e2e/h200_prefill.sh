@@ -34,9 +34,11 @@ diag)
   say "variants (exit $?):"; grep -v "^WARNING" "$OUT/variants.log" | tail -6
   for v in ${NCU_VARIANTS:-"256,1,1" "256,1,2"}; do
     timeout 120 ncu --clock-control none -k regex:gemm_w8a16 -c 1 --section SpeedOfLight --section WarpStateStats \
-      --section SchedulerStats --section Occupancy python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b \
+      --section SchedulerStats --section Occupancy \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b \
       --m 8192 --shapes "gate|up" --paths "w8a16[$v]" --no-cublas > "$OUT/ncu_$v.log" 2>&1
-    say "ncu $v (exit $?):"; grep -E "Duration|Throughput|Stall|Issue|Eligible|Active Warps|Registers|No Eligible|One or More|Warp Cycles" "$OUT/ncu_$v.log" | head -40
+    say "ncu $v (exit $?):"; grep -E "Duration|Throughput|Issued|Eligible|Registers|Warp Cycles|stalled" "$OUT/ncu_$v.log" \
+      | awk '$NF+0 > 0.05 || !/stalled/' | head -45
   done
   ;;
 esac
