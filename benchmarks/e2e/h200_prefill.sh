@@ -36,7 +36,7 @@ diag)
     timeout 120 ncu --clock-control none -k regex:gemm_w8a16 -c 1 --section SpeedOfLight --section WarpStateStats \
       --section SchedulerStats --section Occupancy \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b \
-      --m 8192 --shapes "gate|up" --paths "w8a16[$v]" --no-cublas > "$OUT/ncu_$v.log" 2>&1
+      --m 8192 --shapes "gate|up" --paths "" --variants "$v" --no-cublas > "$OUT/ncu_$v.log" 2>&1
     say "ncu $v (exit $?):"; grep -E "Duration|Throughput|Issued|Eligible|Registers|Warp Cycles|stalled" "$OUT/ncu_$v.log" \
       | awk '$NF+0 > 0.05 || !/stalled/' | head -45
   done

@@ -137,7 +137,7 @@ def main(argv=None) -> None:
     ap.add_argument("--shapes", help="only these projections (comma-separated names, e.g. 'gate|up,down')")
     ap.add_argument("--variants", help="W8A16 build variants 'bn,fence,w_depth;...' timed as extra paths")
     args = ap.parse_args(argv)
-    paths = args.paths.split(",") + [f"w8a16[{v}]" for v in (args.variants or "").split(";") if v]
+    paths = [p for p in args.paths.split(",") if p] + [f"w8a16[{v}]" for v in (args.variants or "").split(";") if v]
     rows = run(args.models.split(","), [int(v) for v in args.m.split(",")], paths, not args.no_cublas,
                set(args.shapes.split(",")) if args.shapes else None)
     if args.out:
