@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Prefill work on one H200, one stage per device call (each under 10 minutes):
-#   STAGE=diag: GPU tests of the f16 activation kernels; W8A16 build variants timed side by side; ncu stall
-#               reasons of two variants (M = 8192, 9B gate|up)
+#   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_prefill.sh   (carry wheelhouse/ for the offline install)
@@ -24,21 +23,14 @@ gemm)
     --out "$OUT/bench_prefill_gemm.jsonl" > "$OUT/bench_prefill_gemm.log" 2>&1
   say "prefill GEMM (exit $?):"; grep -v "^WARNING" "$OUT/bench_prefill_gemm.log" | tail -32
   ;;
-diag)
-  timeout 150 python3 -m pytest -q -n 4 -m "gpu or cudasim" tests/kernels/test_act_f16.py -p no:cacheprovider \
-    > "$OUT/test_act_f16_gpu.log" 2>&1
-  say "act_f16 GPU tests: $(tail -1 "$OUT/test_act_f16_gpu.log")"; grep -E "^(FAILED|E  )" "$OUT/test_act_f16_gpu.log" | cut -c1-240 | head
-  timeout 200 python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b --m 2048,8192 --shapes "gate|up,down" \
-    --paths w8a16 --no-cublas --variants "${VARIANTS:-256,1,2;256,0,1;256,0,2}" --out "$OUT/variants.jsonl" \
-    > "$OUT/variants.log" 2>&1
-  say "variants (exit $?):"; grep -v "^WARNING" "$OUT/variants.log" | tail -6
-  for v in ${NCU_VARIANTS:-"256,1,1" "256,1,2"}; do
-    timeout 120 ncu --clock-control none -k regex:gemm_w8a16 -c 1 --section SpeedOfLight --section WarpStateStats \
-      --section SchedulerStats --section Occupancy \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b \
-      --m 8192 --shapes "gate|up" --paths "" --variants "$v" --no-cublas > "$OUT/ncu_$v.log" 2>&1
-    say "ncu $v (exit $?):"; grep -E "Duration|Throughput|Issued|Eligible|Registers|Warp Cycles|stalled" "$OUT/ncu_$v.log" \
-      | awk '$NF+0 > 0.05 || !/stalled/' | head -45
-  done
+ncu)
+  # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
+  timeout 200 ncu --clock-control none -k regex:kernel -c 1 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b --m "${NCU_M:-8192}" --shapes "${NCU_SHAPE:-gate|up}" \
+    --paths w8a16 --no-cublas > "$OUT/ncu.log" 2>&1
+  say "ncu (exit $?):"; grep -E "Frequency|Duration|Throughput|Issued|Eligible|Warp Cycles|stalled" "$OUT/ncu.log" \
+    | awk '!/stalled/ || $NF+0 > 0.05' | head -40
   ;;
 esac

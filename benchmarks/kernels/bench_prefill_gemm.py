@@ -2,7 +2,7 @@
 
     python -m benchmarks.kernels.bench_prefill_gemm [--models 9b,27b] [--m 512,2048,8192]
                                                     [--paths w8a16,mma] [--no-cublas] [--out FILE]
-                                                    [--shapes gate|up,down] [--variants "256,1,2;128,1,1"]
+                                                    [--shapes gate|up,down]
 
 Ours: ``gemm_w8a16`` (f16 activations, Q8_0 weights dequantized in the kernel; Hopper) and the int8 paths
 of ``gemm_q8`` (``mma``: int8 mma.sync, ``dp4a``), timed by replaying a CUDA graph of n calls between events
@@ -11,8 +11,7 @@ of ``gemm_q8`` (``mma``: int8 mma.sync, ``dp4a``), timed by replaying a CUDA gra
 ``torch.matmul`` (the W8A16 product's ceiling without the dequantization), timed the same way with
 torch.cuda.CUDAGraph. Rate = 2·M·N·K / time (TOPS-equivalent for every path); each of our rows is also shown
 as a fraction of cuBLAS int8 on the same shape. All operands are random (METHOD.md: zeros run faster).
-``--variants`` times the W8A16 kernel's build options (gemm_w8a16._kernel's bn, fence, w_depth) side by side
-as paths named ``w8a16[bn,fence,w_depth]``.
+A path ``w8a16[128]`` or ``w8a16[256]`` forces the W8A16 kernel's activation tile.
 """
 from __future__ import annotations
 
@@ -41,17 +40,14 @@ def _n_inner(ops: float) -> int:
 
 
 def time_ours(path: str, m: int, n: int, k: int, rng) -> float:
-    """Median ms of one call of our kernel on random operands (path "w8a16[bn,fence,w_depth]": a build
-    variant of the W8A16 kernel)."""
+    """Median ms of one call of our kernel on random operands (path "w8a16[ba]": a forced activation tile)."""
     wq = cuda.to_device(rng.integers(-127, 128, (n, k), dtype=np.int8))
     ws = cuda.to_device((rng.uniform(0.5, 2.0, (n, k // 32)) * 1e-2).astype(np.float16))
     out = cuda.device_array((m, n), np.float32)
     if path.startswith("w8a16"):
-        variant = tuple(int(v) for v in path[6:-1].split(",")) if "[" in path else ()
-        xh = cuda.to_device(rng.standard_normal((m, k)).astype(np.float16))
-        kw = dict(bn=variant[0], variant=tuple(bool(v) if i == 0 else v for i, v in enumerate(variant[1:]))) \
-            if variant else {}
-        fn = lambda s: gemm_w8a16(wq, ws, xh, out, stream=s, **kw)     # noqa: E731
+        ba = int(path[6:-1]) if "[" in path else None
+        xh = cuda.to_device(rng.standard_normal((m, k)).astype(np.float16))   # any column order: random
+        fn = lambda s: gemm_w8a16(wq, ws, xh, out, ba=ba, stream=s)    # noqa: E731
     else:
         xq = cuda.to_device(rng.integers(-127, 128, (m, k), dtype=np.int8))
         xs = cuda.to_device(rng.uniform(1e-3, 1e-1, (m, k // 32)).astype(np.float32))
@@ -135,9 +131,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-cublas", action="store_true", help="skip the torch/cuBLAS rows")
     ap.add_argument("--out", help="append one JSON object per row here")
     ap.add_argument("--shapes", help="only these projections (comma-separated names, e.g. 'gate|up,down')")
-    ap.add_argument("--variants", help="W8A16 build variants 'bn,fence,w_depth;...' timed as extra paths")
     args = ap.parse_args(argv)
-    paths = [p for p in args.paths.split(",") if p] + [f"w8a16[{v}]" for v in (args.variants or "").split(";") if v]
+    paths = [p for p in args.paths.split(",") if p]
     rows = run(args.models.split(","), [int(v) for v in args.m.split(",")], paths, not args.no_cublas,
                set(args.shapes.split(",")) if args.shapes else None)
     if args.out:

@@ -187,23 +187,24 @@ _WARP_LOCK = threading.Lock()
 _WARP_TIMEOUT_S = 120.0  # a lane that never arrives (diverged warp, crashed thread) fails instead of hanging
 
 
-def _warp_collective(value, combine):
-    """Warp-wide exchange among the 32 simulated lanes of the calling warp.
+def _warp_collective(value, combine, size=32):
+    """Exchange among the ``size`` simulated threads of the calling warp (or, with size=128, warpgroup).
 
-    Every lane deposits ``value``; lane 0 computes ``combine(list of 32 values)`` once; every lane gets
-    (its lane id, that result). Two barriers: after the first all values are in; after the second the
-    result is published. Lane 0 overwrites the result only after the next call's first barrier, which
-    every lane reaches only once it has read the current result.
+    Every thread deposits ``value``; thread 0 of the group computes ``combine(list of size values)`` once;
+    every thread gets (its index in the group, that result). Two barriers: after the first all values are in;
+    after the second the result is published. Thread 0 overwrites the result only after the next call's
+    first barrier, which every thread reaches only once it has read the current result.
     """
     me = threading.current_thread()
     manager, tid = me._manager, me.thread_id
     with _WARP_LOCK:
         table = manager.__dict__.setdefault("_ninfer_warps", {})
-        slot = table.get(tid // 32)
+        slot = table.get((size, tid // size))
         if slot is None:
-            slot = table[tid // 32] = [threading.Barrier(32, timeout=_WARP_TIMEOUT_S), [None] * 32, None]
+            slot = table[(size, tid // size)] = [threading.Barrier(size, timeout=_WARP_TIMEOUT_S), [None] * size,
+                                                 None]
     barrier, values = slot[0], slot[1]
-    lane = tid % 32
+    lane = tid % size
     values[lane] = value
     barrier.wait()
     if lane == 0:

@@ -2,25 +2,29 @@
 
 On a GPU every name is an ``@intrinsic`` emitting PTX through ``llvmlite.ir.InlineAsm`` (as kernels/ptx.py):
 
-- ``wgmma_f16(n)`` -> ``wgmma(acc, smem, a_byte, b_byte)``: one warpgroup-wide
-  ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16``, D = A·Bᵀ + D. ``acc`` is the UniTuple of n/2
-  float32 accumulators of this thread and is returned updated; A (64 x 16) and B (n x 16) are f16 tiles of
-  a shared array, both K-major (16 consecutive k per row), in the 128-byte-swizzled canonical layout below,
-  starting ``a_byte`` / ``b_byte`` bytes past ``smem[0]``. Asynchronous: the result may be read only after
-  ``wgmma_commit`` and a ``wgmma_wait_*`` that covers it.
+- ``wgmma_rs_f16(n)`` -> ``wgmma(acc, a0, a1, a2, a3, smem, b_byte)``: one warpgroup-wide
+  ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16``, D = A·Bᵀ + D, with A (64 x 16 f16) in
+  registers and B (n x 16 f16) in shared memory. ``acc`` is the UniTuple of n/2 float32 accumulators of this
+  thread and is returned updated; a0..a3 are this thread's A fragment (uint32, two f16 each, low half
+  first): a0 = A[r, 2q:2q+2], a1 = A[r+8, 2q:2q+2], a2 = A[r, 2q+8:2q+10], a3 = A[r+8, 2q+8:2q+10] with
+  r = 16w + g. B is K-major (16 consecutive k per row) in the 128-byte-swizzled layout below, starting
+  ``b_byte`` bytes past ``smem[0]``. Asynchronous: the accumulators may be read, and a0..a3's registers
+  rewritten, only after ``wgmma_commit`` and a ``wgmma_wait_*`` that covers it.
 - ``wgmma_fence()``, ``wgmma_commit()``, ``wgmma_wait_0()``, ``wgmma_wait_1()``: the warpgroup's
   ``wgmma.fence`` / ``commit_group`` / ``wait_group N`` (N groups may stay in flight).
 - ``fence_proxy_async()``: ``fence.proxy.async.shared::cta``: shared memory this thread wrote with ordinary
   stores (or cp.async) becomes visible to the tensor cores' reads after the next barrier.
 - ``acc_zero(n)`` -> ``zero()``: the UniTuple of n/2 float32 zeros.
-- ``acc_store(n)`` -> ``store(acc, smem, byte, row_bytes)``: this thread's accumulators into a float32
-  tile in shared memory whose rows are ``row_bytes`` apart; ``byte`` is the address of this thread's first
-  element, (row 16w + g, column 2t) of the tile (w = warp in the warpgroup, g = lane >> 2, t = lane & 3).
+- ``acc_store_t(n)`` -> ``store(acc, smem, byte, row_bytes)``: this thread's accumulators, transposed, into
+  a float32 tile in shared memory whose rows are ``row_bytes`` apart: D[r, c] goes to row c, column r.
+  ``byte`` is the address of this thread's first element, D[16w + g, 2q] (row 2q, column 16w + g).
 - ``smem_u32(smem)``: the 32-bit shared-window address of ``smem[0]``.
 - ``st_shared_v4(smem, byte, w0, w1, w2, w3)``: one 16-byte shared store at ``byte`` past ``smem[0]``.
 - ``cp_async_16b(smem, byte, gmem, gi)``: 16-byte ``cp.async`` from flat element gi of a global array to
   ``byte`` past ``smem[0]`` (kernels/ptx.py's ``cp_async_16`` addresses shared memory by element and pays a
   generic-to-shared conversion per call; this one adds a byte offset to the array's shared address).
+- ``ldg_nc_v2_u32(arr, i)``: 8-byte non-coherent load at flat element i of a global array (8-byte aligned),
+  as two uint32 (kernels/ptx.py has the 16-byte form).
 - ``ld_shared_v4_f32(smem, byte)`` -> four float32 from one 16-byte shared load; ``st_global_v4_f32(arr, i,
   v0, v1, v2, v3)``: one 16-byte store at flat element i of a float32 global array (16-byte aligned).
 - ``dequant_i8x4(word, scale2)``: four int8 (the bytes of ``word``, low first) times the f16 scale held
@@ -36,17 +40,17 @@ Shared-memory layout of an operand (K-major, 128-byte swizzle, the descriptor's 
 c ^ (r & 7) of its row. One wgmma reads 16 k (32 bytes) of every row: its start address moves by 32 bytes per
 k16 step; the descriptor's stride (8 rows = 1024 bytes) steps between 8-row groups.
 
-Under ``NUMBA_ENABLE_CUDASIM=1`` the twins compute the same values from the shared array directly: a
-``wgmma`` twin reads both tiles through the same swizzle and returns this thread's fragment of A·Bᵀ (each
-of the warpgroup's 128 simulated threads computes it on its own, so no lane exchange is needed); the
-asynchronous fences and waits do nothing.
+Under ``NUMBA_ENABLE_CUDASIM=1`` the twins compute the same values: the ``wgmma`` twin gathers A from the
+128 threads' fragments (kernels/ptx.py's lane exchange over a warpgroup), reads B from the shared bytes
+through the same swizzle and returns this thread's fragment of A·Bᵀ; the asynchronous fences and waits do
+nothing.
 """
 import numpy as np
 from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _host_view
+from ninfer_numba.kernels.ptx import _host_view, _warp_collective
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
@@ -98,34 +102,34 @@ def _make_intrinsics():
     wgmma_wait_1 = _simple("wgmma.wait_group.sync.aligned 1;")
     fence_proxy_async = _simple("fence.proxy.async.shared::cta;")
 
-    def wgmma_f16(n):
+    def wgmma_rs_f16(n):
         n_acc = n // 2
         regs = ", ".join(f"${i}" for i in range(n_acc))
+        a_regs = ", ".join(f"${2 * n_acc + i}" for i in range(4))
         # scale-d is a predicate (true: D = A·B + D), set from a register holding 1
-        asm = (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${2 * n_acc + 2}, 0;\n"
-               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs}}}, ${2 * n_acc}, "
-               f"${2 * n_acc + 1}, p, 1, 1, 0, 0;\n}}")
-        cons = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["l", "l", "r"])
+        asm = (f"{{\n.reg .pred p;\nsetp.ne.b32 p, ${2 * n_acc + 5}, 0;\n"
+               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs}}}, {{{a_regs}}}, "
+               f"${2 * n_acc + 4}, p, 1, 1, 0;\n}}")
+        cons = ",".join(["=f"] * n_acc + [str(i) for i in range(n_acc)] + ["r"] * 4 + ["l", "r"])
         acc_ty = types.UniTuple(types.float32, n_acc)
 
         @intrinsic
-        def wgmma(typingctx, acc, smem, a_byte, b_byte):
+        def wgmma(typingctx, acc, a0, a1, a2, a3, smem, b_byte):
             if acc != acc_ty:
                 return None
-            sig = acc_ty(acc, smem, a_byte, b_byte)
+            sig = acc_ty(acc, a0, a1, a2, a3, smem, b_byte)
 
             def codegen(context, builder, sig, args):
-                base = _smem_base(context, builder, sig.args[1], args[1])
-                descs = []
-                for val, ty in ((args[2], sig.args[2]), (args[3], sig.args[3])):
-                    addr = builder.add(base, context.cast(builder, val, ty, types.uint32))
-                    start = builder.and_(builder.lshr(addr, ir.Constant(_I32, 4)), ir.Constant(_I32, 0x3FFF))
-                    descs.append(builder.or_(builder.zext(start, _I64), ir.Constant(_I64, _DESC_FIXED)))
+                base = _smem_base(context, builder, sig.args[5], args[5])
+                addr = builder.add(base, context.cast(builder, args[6], sig.args[6], types.uint32))
+                start = builder.and_(builder.lshr(addr, ir.Constant(_I32, 4)), ir.Constant(_I32, 0x3FFF))
+                desc = builder.or_(builder.zext(start, _I64), ir.Constant(_I64, _DESC_FIXED))
+                frag = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[1:5], sig.args[1:5])]
                 ins = [builder.extract_value(args[0], i) for i in range(n_acc)]
                 fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * n_acc),
-                                                  [_F32] * n_acc + [_I64] * 2 + [_I32]),
+                                                  [_F32] * n_acc + [_I32] * 4 + [_I64, _I32]),
                                   asm, cons + ",~{memory}", side_effect=True)
-                res = builder.call(fn, ins + descs + [ir.Constant(_I32, 1)])
+                res = builder.call(fn, ins + frag + [desc, ir.Constant(_I32, 1)])
                 return context.make_tuple(builder, acc_ty, [builder.extract_value(res, i) for i in range(n_acc)])
             return sig, codegen
         return wgmma
@@ -142,10 +146,10 @@ def _make_intrinsics():
             return sig, codegen
         return zero
 
-    def acc_store(n):
+    def acc_store_t(n):
         acc_ty = types.UniTuple(types.float32, n // 2)
-        st2 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _F32, _F32]), "st.shared.v2.f32 [$0], {$1, $2};",
-                           "r,f,f,~{memory}", side_effect=True)
+        st1 = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _F32]), "st.shared.f32 [$0], $1;",
+                           "r,f,~{memory}", side_effect=True)
 
         @intrinsic
         def store(typingctx, acc, smem, byte, row_bytes):
@@ -156,13 +160,12 @@ def _make_intrinsics():
             def codegen(context, builder, sig, args):
                 base = builder.add(_smem_base(context, builder, sig.args[1], args[1]),
                                    context.cast(builder, args[2], sig.args[2], types.uint32))
-                row8 = builder.mul(context.cast(builder, args[3], sig.args[3], types.uint32), ir.Constant(_I32, 8))
-                for j in range(n // 8):
-                    lo = builder.add(base, ir.Constant(_I32, 32 * j))
-                    hi = builder.add(lo, row8)
-                    v = [builder.extract_value(args[0], 4 * j + e) for e in range(4)]
-                    builder.call(st2, [lo, v[0], v[1]])
-                    builder.call(st2, [hi, v[2], v[3]])
+                row = context.cast(builder, args[3], sig.args[3], types.uint32)
+                for i in range(n // 2):
+                    j, e = i >> 2, i & 3
+                    col = builder.mul(row, ir.Constant(_I32, 8 * j + (e & 1)))     # D column -> tile row
+                    at = builder.add(builder.add(base, col), ir.Constant(_I32, 32 * (e >> 1)))
+                    builder.call(st1, [at, builder.extract_value(args[0], i)])
                 return context.get_dummy_value()
             return sig, codegen
         return store
@@ -203,6 +206,21 @@ def _make_intrinsics():
                               "r,l,~{memory}", side_effect=True)
             builder.call(fn, [addr, gaddr])
             return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def ldg_nc_v2_u32(typingctx, arr, idx):
+        ret = types.UniTuple(types.uint32, 2)
+        sig = ret(arr, idx)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            addr = builder.ptrtoint(builder.gep(ary.data, [i]), _I64)
+            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I64]),
+                              "ld.global.nc.v2.u32 {$0, $1}, [$2];", "=r,=r,l")
+            res = builder.call(fn, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
         return sig, codegen
 
     @intrinsic
@@ -257,9 +275,9 @@ def _make_intrinsics():
             return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
         return sig, codegen
 
-    return (wgmma_f16, acc_zero, acc_store, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
-            fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, st_global_v4_f32,
-            dequant_i8x4)
+    return (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
+            fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ldg_nc_v2_u32, ld_shared_v4_f32,
+            st_global_v4_f32, dequant_i8x4)
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -287,16 +305,29 @@ def _fragment_index(n):
     return 16 * w + g + 8 * ((idx & 3) >> 1), 8 * (idx >> 2) + 2 * q + (idx & 1)
 
 
+def _a_from_fragments(frags):
+    """A [64, 16] float64 from the warpgroup's 128 (a0, a1, a2, a3) fragments (module docstring layout)."""
+    f = np.array(frags, np.int64).astype(np.uint32).view(np.float16).reshape(128, 4, 2).astype(np.float64)
+    t = np.arange(128)
+    r = 16 * (t >> 5) + ((t & 31) >> 2)
+    c = 2 * (t & 3)
+    a = np.zeros((64, 16))
+    for reg, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+        a[r + dr, c + dc] = f[:, reg, 0]
+        a[r + dr, c + dc + 1] = f[:, reg, 1]
+    return a
+
+
 def _make_fallbacks():
     @cuda.jit(device=True)
     def _noop():
         pass
 
-    def wgmma_f16(n):
+    def wgmma_rs_f16(n):
         @cuda.jit(device=True)
-        def wgmma(acc, smem, a_byte, b_byte):
-            buf = _smem_bytes(smem)
-            d = _read_swizzled(buf, int(a_byte), 64) @ _read_swizzled(buf, int(b_byte), n).T
+        def wgmma(acc, a0, a1, a2, a3, smem, b_byte):
+            _, a = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3)), _a_from_fragments, size=128)
+            d = a @ _read_swizzled(_smem_bytes(smem), int(b_byte), n).T
             rows, cols = _fragment_index(n)
             return tuple((np.asarray(acc, np.float64) + d[rows, cols]).astype(np.float32))
         return wgmma
@@ -307,15 +338,15 @@ def _make_fallbacks():
             return tuple(np.zeros(n // 2, np.float32))
         return zero
 
-    def acc_store(n):
+    def acc_store_t(n):
         @cuda.jit(device=True)
         def store(acc, smem, byte, row_bytes):
             f = _smem_bytes(smem)
             vals = np.asarray(acc, np.float32)
-            for j in range(n // 8):
-                for half in range(2):
-                    at = int(byte) + 32 * j + 8 * int(row_bytes) * half
-                    f[at:at + 8] = vals[4 * j + 2 * half: 4 * j + 2 * half + 2].view(np.uint8)
+            for i in range(n // 2):
+                j, e = i >> 2, i & 3
+                at = int(byte) + (8 * j + (e & 1)) * int(row_bytes) + 32 * (e >> 1)
+                f[at:at + 4] = vals[i:i + 1].view(np.uint8)
         return store
 
     @cuda.jit(device=True)
@@ -336,6 +367,15 @@ def _make_fallbacks():
         if start % 16 or int(byte) % 16:
             raise ValueError(f"cp.async at global byte {start} / shared byte {int(byte)} is misaligned")
         _smem_bytes(smem)[int(byte):int(byte) + 16] = a.view(np.uint8)[start:start + 16]
+
+    @cuda.jit(device=True)
+    def ldg_nc_v2_u32(arr, idx):
+        a = _host_view(arr).reshape(-1)
+        start = int(idx) * a.dtype.itemsize
+        if start % 8:
+            raise ValueError(f"8-byte global load at byte offset {start} is misaligned")
+        w = a.view(np.uint8)[start:start + 8].view(np.uint32)
+        return w[0], w[1]
 
     @cuda.jit(device=True)
     def ld_shared_v4_f32(smem, byte):
@@ -361,10 +401,10 @@ def _make_fallbacks():
             h = (q * d).astype(np.float16).view(np.uint32)
         return np.uint32(h[0]), np.uint32(h[1])
 
-    return (wgmma_f16, acc_zero, acc_store, _noop, _noop, _noop, _noop, _noop, smem_u32, st_shared_v4,
-            cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4)
+    return (wgmma_rs_f16, acc_zero, acc_store_t, _noop, _noop, _noop, _noop, _noop, smem_u32, st_shared_v4,
+            cp_async_16b, ldg_nc_v2_u32, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4)
 
 
-(wgmma_f16, acc_zero, acc_store, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1, fence_proxy_async,
- smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4) = (
+(wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1, fence_proxy_async,
+ smem_u32, st_shared_v4, cp_async_16b, ldg_nc_v2_u32, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

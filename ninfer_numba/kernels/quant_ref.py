@@ -9,7 +9,9 @@ Pure NumPy (no numba import), so the CPU reference model can use it. Written fro
 
 W8A16 product (the Hopper prefill GEMM, gemm_w8a16.py): activations ``xh: float16 [M, K]``, weights
 dequantized once per element to ``float16(wq · ws)``, products summed in float32:
-``out[m, n] = sum_k xh[m, k] · float16(wq[n, k] · ws[n, k/32])``.
+``out[m, n] = sum_k xh[m, k] · float16(wq[n, k] · ws[n, k/32])``. The kernel takes the activations in
+*fragment order* (``to_fragment_order``): the columns of each 32-block permuted so that the weight bytes a
+tensor-core thread needs are contiguous in the (unpermuted) weight rows.
 
 Quantization rule (shared bit-for-bit with the GPU kernels): per 32-block, ``d = amax / 127`` in float32
 (one correctly rounded division), ``q = trunc(v + copysign(0.5, v))`` with ``v = x / d`` (again one
@@ -149,6 +151,31 @@ def w8a16_error_bound(mag: np.ndarray, k: int, prior: np.ndarray | float = 0.0) 
     optional prior value and the final store add at most (K/16 + 4) · 2u of the absolute sum."""
     u = 2.0 ** -24
     return (k // 16 + 4) * 2 * u * (mag + np.abs(prior)) + 1e-30
+
+
+def fragment_order() -> np.ndarray:
+    """[32] int: position l of a 32-block in fragment order holds column FRAGMENT_ORDER[l] of the block.
+
+    l = 16 s + 8 h + 2 t + e (k16 step s, fragment half h, quad lane t, element e) holds column
+    p = 8 t + 4 s + 2 h + e: the 8 weight bytes [8t, 8t + 8) of a block are exactly what lane t of a quad
+    needs for both k16 steps (a0/a1 then a2/a3 pairs of each step), and the permutation stays inside the
+    block, so a K % 64 == 32 tail is still a plain half stage."""
+    l = np.arange(QK)
+    return 8 * ((l >> 1) & 3) + 4 * (l >> 4) + 2 * ((l >> 3) & 1) + (l & 1)
+
+
+def to_fragment_order(x: np.ndarray) -> np.ndarray:
+    """[M, K] (K % 32 == 0) in natural column order -> the same values in fragment order."""
+    m, k = x.shape
+    return np.ascontiguousarray(x.reshape(m, k // QK, QK)[:, :, fragment_order()].reshape(m, k))
+
+
+def from_fragment_order(x: np.ndarray) -> np.ndarray:
+    """Inverse of to_fragment_order."""
+    m, k = x.shape
+    out = np.empty_like(x).reshape(m, k // QK, QK)
+    out[:, :, fragment_order()] = x.reshape(m, k // QK, QK)
+    return out.reshape(m, k)
 
 
 def random_q8_operands(rng: np.random.Generator, m: int, n: int, k: int):

@@ -5,17 +5,20 @@ bit for bit below), products of two f16 are exact, and the tensor cores' float32
 quant_ref.w8a16_error_bound ((K/16 + 4) · 2u of the absolute sum). A wrong swizzle, fragment, scale or
 row shows as errors of the order of the values themselves.
 
-Under the simulator the twins emulate wgmma from the shared bytes through the hardware's address swizzle,
-so the kernel's tiling, copies and epilogue run as on the GPU; the shapes are the smallest that cover every
-tail: M not a multiple of 128, N not a multiple of the tile, K = 32 x odd (a final half stage).
+Under the simulator the twins emulate wgmma from the warpgroup's register fragments and the shared bytes
+(through the hardware's address swizzle), so the kernel's tiling, copies, fragment order and epilogue run as
+on the GPU; the shapes are the smallest that cover every tail: M not a multiple of the tile, N not a
+multiple of 128, K = 32 x odd (a final half stage), K/64 odd and even (both register sets of the unrolled
+loop), K/64 >= 4 (slot reuse).
 """
 import numpy as np
 import pytest
 
 from ninfer_numba.kernels import ptx_sm90 as sm90
-from ninfer_numba.kernels.gemm_w8a16 import _choose_bn, gemm_w8a16
+from ninfer_numba.kernels.gemm_w8a16 import _choose_ba, gemm_w8a16
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_ref import dequant_f16_ref, random_q8_operands, w8a16_error_bound, w8a16_matmul_ref
+from ninfer_numba.kernels.quant_ref import (dequant_f16_ref, fragment_order, random_q8_operands, to_fragment_order,
+                                            w8a16_error_bound, w8a16_matmul_ref)
 
 
 def _has_wgmma():
@@ -32,12 +35,13 @@ def _operands(rng, m, n, k):
     return wq, ws, xh
 
 
-def _run(m, n, k, *, accumulate, seed, bn=None):
+def _run(m, n, k, *, accumulate, seed, ba=None):
     rng = np.random.default_rng(seed)
     wq, ws, xh = _operands(rng, m, n, k)
     prior = rng.standard_normal((m, n)).astype(np.float32) if accumulate else None
     out = cuda.to_device(prior if accumulate else np.full((m, n), np.nan, np.float32))
-    gemm_w8a16(cuda.to_device(wq), cuda.to_device(ws), cuda.to_device(xh), out, accumulate=accumulate, bn=bn)
+    gemm_w8a16(cuda.to_device(wq), cuda.to_device(ws), cuda.to_device(to_fragment_order(xh)), out,
+               accumulate=accumulate, ba=ba)
     got = out.copy_to_host()
     ref, mag = w8a16_matmul_ref(wq, ws, xh, with_abs=True)
     prior64 = 0.0 if prior is None else prior.astype(np.float64)
@@ -73,11 +77,20 @@ def test_dequant_i8x4_is_float16_of_q_times_d():
     np.testing.assert_array_equal(got.view(np.uint16), dequant_f16_ref(wq, ws).view(np.uint16))
 
 
-def test_choose_bn_fills_the_gpu():
-    """256-column tiles unless the grid would leave SMs idle (M = 512 on 4096 columns: 64 tiles of 256)."""
-    assert _choose_bn(8192, 24576, 132) == 256
-    assert _choose_bn(2048, 4096, 132) == 256
-    assert _choose_bn(512, 4096, 132) == 128
+def test_choose_ba_fills_the_gpu():
+    """256-row activation tiles unless the grid would leave SMs idle (M = 512, N = 4096: 64 tiles of 256)."""
+    assert _choose_ba(8192, 24576, 132) == 256
+    assert _choose_ba(2048, 4096, 132) == 256
+    assert _choose_ba(512, 4096, 132) == 128
+
+
+def test_fragment_order_puts_each_lanes_weight_bytes_together():
+    """Lane t of a quad needs, for k16 step s of a 32-block, the f16 pairs at k 16s + 2t and 16s + 2t + 8
+    (its A fragment): in fragment order those four pairs are the 8 consecutive columns [8t, 8t + 8)."""
+    order = fragment_order()
+    for t in range(4):
+        wanted = [16 * s + 2 * t + 8 * h + e for s in range(2) for h in range(2) for e in range(2)]
+        assert sorted(order[wanted]) == list(range(8 * t, 8 * t + 8))
 
 
 @pytest.mark.cudasim
@@ -90,22 +103,22 @@ def test_rejects_bad_shapes():
 
 @pytest.mark.cudasim
 @RUNNABLE
-@pytest.mark.parametrize("m,n,k,accumulate,bn", [(20, 96, 96, False, 128), (5, 160, 32, True, 256),
-                                                 (130, 36, 64, True, 128)],
-                         ids=["M20-N96-K96", "M5-N160-K32-acc-bn256", "M130-N36-K64-acc"])
-def test_gemm_w8a16_small(m, n, k, accumulate, bn):
-    _run(m, n, k, accumulate=accumulate, seed=m * 41 + n * 3 + k, bn=bn)
+@pytest.mark.parametrize("m,n,k,accumulate,ba", [(20, 136, 96, False, 128), (5, 160, 32, True, 256),
+                                                 (130, 36, 416, True, 128)],
+                         ids=["M20-N136-K96", "M5-N160-K32-acc-ba256", "M130-N36-K416-acc"])
+def test_gemm_w8a16_small(m, n, k, accumulate, ba):
+    _run(m, n, k, accumulate=accumulate, seed=m * 41 + n * 3 + k, ba=ba)
 
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("bn", [128, 256])
+@pytest.mark.parametrize("ba", [128, 256])
 @pytest.mark.parametrize("m", [1, 7, 113, 239, 1023, 2048])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (12352, 4096), (4096, 12288), (24576, 4096),      # 9B
                                  (16480, 5120), (5120, 17408), (160, 5120), (1028, 96)],          # 27B, tails
                          ids=lambda v: str(v))
-def test_gpu_gemm_w8a16_model_shapes(bn, m, n, k):
-    _run(m, n, k, accumulate=(m % 2 == 1), seed=m + n + k, bn=bn)
+def test_gpu_gemm_w8a16_model_shapes(ba, m, n, k):
+    _run(m, n, k, accumulate=(m % 2 == 1), seed=m + n + k, ba=ba)
 
 
 @pytest.mark.gpu
