@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per test (>= 1; protocol: >= 3)")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--kv-type", default="f16", help="our KV cache type (llama.cpp runs f16 or q8_0)")
-    parser.add_argument("--gemm", choices=["auto", "dp4a", "mma"], default="auto", help="our int8 GEMM family")
+    parser.add_argument("--gemm", choices=["auto", "w8a16", "mma", "dp4a"], default="auto",
+                        help="our prefill GEMM: w8a16 (Hopper, f16 activations), mma or dp4a (int8 activations)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default results/<date>_<gpu>_<model>/; one subfolder per model "
                              "when several are given)")

@@ -173,7 +173,7 @@ class EngineConfig:
     max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
     prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
     kv_type: str = "f16"           # f16 (other KV formats arrive with their kernels)
-    gemm: str = "auto"             # auto | dp4a | mma
+    gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     device: int = 0
 
     def __post_init__(self) -> None:
@@ -183,5 +183,5 @@ class EngineConfig:
             raise ValueError("max_seq must be >= 1")
         if self.prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
-        if self.gemm not in ("auto", "dp4a", "mma"):
-            raise ValueError(f"gemm must be auto, dp4a or mma, not {self.gemm!r}")
+        if self.gemm not in ("auto", "w8a16", "mma", "dp4a"):
+            raise ValueError(f"gemm must be auto, w8a16, mma or dp4a, not {self.gemm!r}")

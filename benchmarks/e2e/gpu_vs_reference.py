@@ -8,10 +8,12 @@ model is causal, so position i's logits depend only on tokens ≤ i), once emula
 activation quantization and once in float. Reports ‖gpu − ref‖/‖ref‖, top-1 agreement per position, and
 whether the greedy tokens equal the reference's argmax at each step.
 
-Then the int8-emulating reference that follows the GPU's rounding at near-ties (model/act_follow.py): the
-GPU run records every int8 activation; the reference keeps its own values and its own quantization except
-where the GPU's level is one from its own (a rounding decision: it takes the GPU's and reports how near the
-midpoint its own value was), and counts a difference of two levels or more as a disagreement. Then layer by layer (model/layer_check.py):
+Rows the GPU ran through the W8A16 prefill GEMM (float16 activations, on sm_90) are emulated so by the
+int8-emulating reference. Then that reference following the GPU's rounding at near-ties
+(model/act_follow.py): the GPU run records every activation; the reference keeps its own values and its own
+quantization (or float16 rounding) except where the GPU's value is one level (one float16 ulp) from its own
+(a rounding decision: it takes the GPU's and reports how near the midpoint its own value was), and counts a
+difference of two or more as a disagreement. Then layer by layer (model/layer_check.py):
 every int8-emulating reference layer fed the GPU's own input, over the same prompt + greedy tokens.
 
 PASS: against the tie-following reference, relative logit error < 5e-3 at every position, >= 99% top-1,
@@ -89,14 +91,17 @@ def main(argv=None) -> int:
     gpu_dec = np.stack(step_logits[:-1]) if a.gen > 1 else np.zeros((0, llm.config.n_vocab), np.float32)
     log(f"gpu done: {a.prompt_len} prompt + {a.gen} greedy tokens")
     seq = ids + toks[:-1]
-    report = {"model": a.model, "prompt_len": a.prompt_len, "gen": a.gen}
+    report = {"model": a.model, "prompt_len": a.prompt_len, "gen": a.gen, "gemm": llm.runner.model.gemm_path}
     gpu_all = np.concatenate([prompt_logits, gpu_dec])
+    from ninfer_numba.model.layer_check import tapped_run
+    _, _, f16 = tapped_run(llm.runner, ids, a.gen, all_rows=True)   # which rows ran the W8A16 GEMM
     refs = {}
     for mode, emulate in (("int8_emulating", True), ("float", False)):
         if mode == "float" and a.skip_float:
             continue
         t1 = time.perf_counter()
         ref = ReferenceModel(llm.weights, emulate_int8=emulate)
+        ref.f16_layer_rows, ref.f16_head_rows = f16["layers"], f16["head"]
         ref_logits = refs[mode] = ref.forward(seq, ref.new_state(len(seq)))   # [P + gen - 1, V]
         r_prompt, r_dec = ref_logits[: a.prompt_len], ref_logits[a.prompt_len:]
         ref_greedy = [int(np.argmax(ref_logits[a.prompt_len - 1]))] + r_dec.argmax(-1).tolist()
@@ -118,8 +123,8 @@ def main(argv=None) -> int:
     if not a.skip_layers:
         from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
         t1 = time.perf_counter()
-        streams, logits, local_toks = gpu_residual_streams(llm.runner, ids, a.gen)
-        local = compare_layers(llm.weights, streams, logits)
+        streams, logits, local_toks, f16 = gpu_residual_streams(llm.runner, ids, a.gen)
+        local = compare_layers(llm.weights, streams, logits, f16=f16)
         local["greedy_tokens_equal_graph_path"] = local_toks == toks
         local["seconds"] = time.perf_counter() - t1
         report["layer_local"] = local

@@ -88,17 +88,21 @@ class CudaRunner:
             graph.launch()
             self.state.host_pos += 1
 
-    def _run_tokens(self, ids: np.ndarray, st: SequenceState, on_chunk=None, **taps) -> None:
+    def _run_tokens(self, ids: np.ndarray, st: SequenceState, on_chunk=None, **taps) -> list[int]:
         """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0].
         taps (tap, act_tap): passed to each chunk's forward (model/qwen35.py), for the checks against the
-        reference; on_chunk(n): called after each chunk with its logits in logits[:n] (all its rows)."""
+        reference; on_chunk(n): called after each chunk with its logits in logits[:n] (all its rows).
+        Returns the chunk lengths."""
         chunk = min(self.model.buf.t_max, self.model.logits.shape[0]) if on_chunk else self.model.buf.t_max
+        lengths = []
         for s in range(0, len(ids), chunk):
             part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
             self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
             self.model.forward(len(part), st, logits_rows=len(part) if on_chunk else 1, **taps)
+            lengths.append(len(part))
             if on_chunk:
                 on_chunk(len(part))
+        return lengths
 
     def _set_token(self, token: int) -> None:
         """The token the next replay embeds, through the pinned staging word."""

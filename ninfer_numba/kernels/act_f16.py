@@ -1,14 +1,19 @@
-"""Float16 activations for the W8A16 prefill GEMM (gemm_w8a16.py takes ``xh: float16 [M, K]``): plain
-conversion, fused with RMSNorm, fused with SiLU gating. The float16 counterparts of quant_act.py.
+"""Float16 activations for the W8A16 prefill GEMM (gemm_w8a16.py takes ``xh: float16 [M, K]`` in fragment
+order): plain conversion, fused with RMSNorm, fused with SiLU gating. The float16 counterparts of
+quant_act.py.
 
 Layout: inputs float32 [M, K] (SiLU: [M, 2F], gate columns [0, F), up columns [F, 2F)), C-contiguous with
-16-byte aligned rows (K % 32 == 0 and an aligned base); outputs float16 [M, K], C-contiguous. The launchers
-hand the kernels the output's uint64 view [M, K/4]. The unit of work is a chunk of 4 consecutive elements:
-one 16-byte non-coherent load (ptx.ldg_nc_v4_u32), two ``pack_f16x2`` (cvt.rn.f16x2.f32) and one 8-byte
-store, and consecutive threads take consecutive chunks, so a warp reads 512 and writes 256 contiguous bytes.
+16-byte aligned rows (K % 32 == 0 and an aligned base); outputs float16 [M, K], C-contiguous, in fragment
+order (quant_ref.to_fragment_order: the columns of each 32-block permuted for the GEMM's register operand).
+The launchers hand the kernels the output as flat uint32 words [M·K/2]. The unit of work is a chunk of 4
+consecutive input elements: one 16-byte non-coherent load (ptx.ldg_nc_v4_u32), two ``pack_f16x2``
+(cvt.rn.f16x2.f32) and two 4-byte stores, since fragment order keeps pairs of columns together: chunk c of a
+32-block (columns 4c..4c+3) lands at positions l0 = 16 (c & 1) + 2 (c >> 1) and l0 + 8. Consecutive threads
+take consecutive chunks, so a warp reads 512 and writes 256 contiguous bytes.
 
 Grids (block (TPB,) = 128 threads everywhere; M == 0 launches nothing):
-- to_f16: one-dimensional grid-stride loop over the M·K/4 chunks of the flat array,
+- to_f16: one-dimensional grid-stride loop over the M·K/4 chunks of the flat array (blocks never straddle
+  rows, so fragment order is the same on the flat array),
   min(ceil(M·K/4 / TPB), MAX_BLOCKS) blocks.
 - rmsnorm_f16, silu_mul_f16: grid (M, Y); the Y blocks of row m take the row's chunks
   blockIdx.y·TPB + tid, then + Y·TPB, ... Y = min(ceil(K/4 / TPB), ceil(SPREAD_BLOCKS / M)): a decode row
@@ -42,15 +47,18 @@ MAX_BLOCKS = 4096               # to_f16's grid cap (~31 blocks of TPB per H200 
 SPREAD_BLOCKS = 1024            # rows x slices the fused kernels aim for when M is small
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
-_SHIFT32 = np.uint64(32)
 
 
 # ---------------------------------------------------------------- device helpers ----------------------
 
 @cuda.jit(device=True, inline=True)
-def _f16x4(a, b, c, d):
-    """Four float32 rounded to float16 (nearest even), packed into one uint64, ``a`` in bits 0-15."""
-    return np.uint64(pack_f16x2(a, b)) | (np.uint64(pack_f16x2(c, d)) << _SHIFT32)
+def _store_f16x4(out32, base, j, a, b, c, d):
+    """Chunk j (input columns 4j..4j+3) rounded to float16 (nearest even) into the uint32 words
+    out32[base + ...] in fragment order: (a, b) at position l0 = 16 (j & 1) + 2 ((j >> 1) & 3) of its
+    32-block, (c, d) at l0 + 8."""
+    word = base + 16 * (j >> 3) + 8 * (j & 1) + ((j >> 1) & 3)
+    out32[word] = pack_f16x2(a, b)
+    out32[word + 4] = pack_f16x2(c, d)
 
 
 @cuda.jit(device=True, inline=True)
@@ -64,17 +72,18 @@ def _load4(src, flat):
 
 @cached_jit()
 def _to_f16_kernel(x, out):
-    """x: [M·K] f32 (flat) -> out: [M·K/4] uint64 (flat, 4 f16 each); 1-D grid-stride, block (TPB,)."""
+    """x: [M·K] f32 (flat) -> out: [M·K/2] uint32 (flat, 2 f16 each, fragment order); 1-D grid-stride,
+    block (TPB,)."""
     stride = cuda.gridDim.x * TPB
-    for c in range(cuda.blockIdx.x * TPB + cuda.threadIdx.x, out.shape[0], stride):
+    for c in range(cuda.blockIdx.x * TPB + cuda.threadIdx.x, x.shape[0] // VEC, stride):
         a, b, e, d = _load4(x, VEC * c)
-        out[c] = _f16x4(a, b, e, d)
+        _store_f16x4(out, 0, c, a, b, e, d)
 
 
 @cached_jit()
 def _rmsnorm_f16_kernel(x, w, eps, out):
-    """y = x / sqrt(mean(x^2) + eps) * w in float16. x: [M, K] f32, w: [K] f32 -> out: [M, K/4] uint64;
-    grid (M, Y), block (TPB,)."""
+    """y = x / sqrt(mean(x^2) + eps) * w in float16. x: [M, K] f32, w: [K] f32 -> out: [M·K/2] uint32
+    (fragment order); grid (M, Y), block (TPB,)."""
     s_red = cuda.shared.array(TPB, dtype=np.float32)     # [TPB] partial sums of squares
     m = cuda.blockIdx.x
     k = x.shape[1]
@@ -84,22 +93,23 @@ def _rmsnorm_f16_kernel(x, w, eps, out):
         ss += v * v
     ss = _block_sum_f32(s_red, ss)
     r = _F1 / math.sqrt(ss / np.float32(k) + eps)
-    for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, out.shape[1], TPB * cuda.gridDim.y):
+    for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, k // VEC, TPB * cuda.gridDim.y):
         x0, x1, x2, x3 = _load4(x, m * k + VEC * j)
         w0, w1, w2, w3 = _load4(w, VEC * j)
-        out[m, j] = _f16x4((x0 * r) * w0, (x1 * r) * w1, (x2 * r) * w2, (x3 * r) * w3)
+        _store_f16x4(out, m * (k // 2), j, (x0 * r) * w0, (x1 * r) * w1, (x2 * r) * w2, (x3 * r) * w3)
 
 
 @cached_jit()
 def _silu_mul_f16_kernel(gu, out):
-    """silu(gu[:, :F]) * gu[:, F:] in float16. gu: [M, 2F] f32 -> out: [M, F/4] uint64;
+    """silu(gu[:, :F]) * gu[:, F:] in float16. gu: [M, 2F] f32 -> out: [M·F/2] uint32 (fragment order);
     grid (M, Y), block (TPB,)."""
     m = cuda.blockIdx.x
     f = gu.shape[1] // 2
-    for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, out.shape[1], TPB * cuda.gridDim.y):
+    for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, f // VEC, TPB * cuda.gridDim.y):
         g0, g1, g2, g3 = _load4(gu, m * 2 * f + VEC * j)
         u0, u1, u2, u3 = _load4(gu, m * 2 * f + f + VEC * j)
-        out[m, j] = _f16x4(_silu_mul(g0, u0), _silu_mul(g1, u1), _silu_mul(g2, u2), _silu_mul(g3, u3))
+        _store_f16x4(out, m * (f // 2), j, _silu_mul(g0, u0), _silu_mul(g1, u1), _silu_mul(g2, u2),
+                     _silu_mul(g3, u3))
 
 
 # ---------------------------------------------------------------- launchers ---------------------------
@@ -117,29 +127,29 @@ def _row_grid(m, k):
 
 
 def to_f16(x, out, *, stream=0):
-    """Round to float16. x: [M, K] float32; out: [M, K] float16 (out)."""
+    """Round to float16. x: [M, K] float32; out: [M, K] float16 in fragment order (out)."""
     m, k = x.shape
     _check("to_f16", m, k, out, k)
     n = m * k // VEC
     if n:
         grid = min(-(-n // TPB), MAX_BLOCKS)
-        _to_f16_kernel[grid, TPB, stream](x.reshape(-1), out.view(np.uint64).reshape(-1))
+        _to_f16_kernel[grid, TPB, stream](x.reshape(-1), out.reshape(-1).view(np.uint32))
 
 
 def rmsnorm_f16(x, w, eps, out, *, stream=0):
     """Fused RMSNorm + float16. x: [M, K] float32; w: [K] float32 (the +1 already folded in); eps: float;
-    out: [M, K] float16 (out)."""
+    out: [M, K] float16 in fragment order (out)."""
     m, k = x.shape
     _check("rmsnorm_f16", m, k, out, k)
     if m:
-        _rmsnorm_f16_kernel[_row_grid(m, k), TPB, stream](x, w, np.float32(eps), out.view(np.uint64))
+        _rmsnorm_f16_kernel[_row_grid(m, k), TPB, stream](x, w, np.float32(eps), out.reshape(-1).view(np.uint32))
 
 
 def silu_mul_f16(gu, out, *, stream=0):
     """Fused SiLU gating + float16. gu: [M, 2F] float32 (gate columns [0, F), up columns [F, 2F));
-    out: [M, F] float16 (out)."""
+    out: [M, F] float16 in fragment order (out)."""
     m, f2 = gu.shape
     f = f2 // 2
     _check("silu_mul_f16", m, f if 2 * f == f2 else 1, out, f)
     if m:
-        _silu_mul_f16_kernel[_row_grid(m, f), TPB, stream](gu, out.view(np.uint64))
+        _silu_mul_f16_kernel[_row_grid(m, f), TPB, stream](gu, out.reshape(-1).view(np.uint32))

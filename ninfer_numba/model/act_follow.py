@@ -6,16 +6,20 @@ matmul, flips more roundings there, and over the model's ~130 quantization point
 apart by the int8 quantization noise itself (model/layer_check.py). No implementation that differs from the
 reference in float rounding alone can match it tightly end to end.
 
-What: the GPU run records every int8 activation it feeds a matmul (``gpu_activations``). The reference runs
-on its own (its own float values, its own scales, its own quantization) except that, where the GPU's int8
-value is one level from its own, it takes the GPU's: that is the rounding decision float drift can flip.
-Each such element's ``excess`` says how near a tie it was: how far the reference's own value lay beyond the
-midpoint between the two levels (0: exactly at it; 0.5: on the reference's own level; at most 1). A difference of two
-levels or more is a disagreement, no rounding decision: the reference keeps its own value and counts it.
+What: the GPU run records every activation it feeds a matmul (``gpu_activations``): int8 on the decode path
+(and on prefill without the W8A16 GEMM), float16 on the W8A16 prefill path. The reference runs on its own
+(its own float values, its own scales, its own quantization or float16 rounding) except that, where the
+GPU's int8 value is one level from its own, or its float16 value one float16 step (ulp) from its own, it
+takes the GPU's: that is the rounding decision float drift can flip. Each such element's ``excess`` says
+how near a tie it was: how far the reference's own value lay beyond the midpoint between the two values, in
+levels or ulps (0: exactly at it; 0.5: on the reference's own value; at most 1). A difference of two levels
+(or ulps) or more is a disagreement, no rounding decision: the reference keeps its own value and counts it.
 The report gives the excess distribution, so the claim "the GPU only ever flipped near-ties" is measured.
-Float drift sets the excess. Measured on the H200 (synthetic 9b, 512 + 64 tokens): at most 0.011 levels at
-every quantization point but the attention output, where the prefill kernel's float16 probabilities reach
-0.09; one element of 455M at 0.6 (a GDN output). results/2026-12-01_nvidia-h200_checks/ has the runs.
+Which rows were W8A16 comes from the GPU's record too, so the reference multiplies exactly those rows with
+float16 weights. Float drift sets the excess. Measured on the H200 (synthetic 9b, 512 + 64 tokens, int8
+prefill): at most 0.011 levels at every quantization point but the attention output, where the prefill
+kernel's float16 probabilities reach 0.09; one element of 455M at 0.6 (a GDN output).
+results/2026-12-01_nvidia-h200_checks/ has the runs.
 
     acts, logits, tokens = gpu_activations(runner, ids, n_gen)
     ref = ReferenceModel(weights, emulate_int8=True)
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_numba.kernels.quant_ref import QK
+from ninfer_numba.kernels.quant_ref import QK, from_fragment_order, quantize_q8_blocks_ref
 from ninfer_numba.model.layer_check import tapped_run
 
 POINTS = ("mixer_in", "mixer_out", "ffn_in", "down_in")   # per layer, in the order the matmuls run
@@ -35,23 +39,35 @@ EXCESS_BINS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)            # report: followed el
 
 
 def gpu_activations(runner, ids: list[int], n_gen: int):
-    """tapped_run with every int8 activation recorded: acts {(layer, point): (xq [P + n_gen, K] int8,
-    xs [P + n_gen, K/32] float32)} (the head as (n_layer, "head")), logits [P + n_gen, V] at every
-    position, and the n_gen greedy tokens."""
-    parts: dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+    """tapped_run with every activation recorded: acts {(layer, point): (q [P + n_gen, K] int8, h16 [P + n_gen,
+    K] float16, f16 [P + n_gen] bool)}: row r's activation is q[r] (int8 path) or, where f16[r], h16[r] (the
+    W8A16 path, back in natural column order); the head as (n_layer, "head"). Also the logits [P + n_gen, V]
+    at every position and the n_gen greedy tokens."""
+    parts: dict[tuple[int, str], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
-    def act_tap(i, point, xq, xs):
-        parts.setdefault((i, point), []).append((xq.copy_to_host(stream=runner.stream),
-                                                 xs.copy_to_host(stream=runner.stream)))
+    def act_tap(i, point, q, d):
+        host = q.copy_to_host(stream=runner.stream)
         runner.stream.synchronize()
+        t, k = host.shape
+        if d is None:                                      # float16, fragment order
+            rec = (np.zeros((t, k), np.int8), from_fragment_order(host), np.ones(t, bool))
+        else:
+            rec = (host, np.zeros((t, k), np.float16), np.zeros(t, bool))
+        parts.setdefault((i, point), []).append(rec)
 
-    logits, toks = tapped_run(runner, ids, n_gen, all_rows=True, act_tap=act_tap)
-    acts = {key: (np.concatenate([q for q, _ in v]), np.concatenate([d for _, d in v])) for key, v in parts.items()}
+    logits, toks, _ = tapped_run(runner, ids, n_gen, all_rows=True, act_tap=act_tap)
+    acts = {key: tuple(np.concatenate([r[j] for r in v]) for j in range(3)) for key, v in parts.items()}
     return acts, logits, toks
 
 
+def _f16_order(h16: np.ndarray) -> np.ndarray:
+    """float16 values -> int64 keys in value order (one apart for adjacent float16 values; -0 == +0)."""
+    bits = h16.view(np.uint16).astype(np.int64)
+    return np.where(bits & 0x8000, -(bits & 0x7FFF), bits)
+
+
 class TieFollower:
-    """ReferenceModel.act_hook: called with each activation the reference quantizes, in order."""
+    """ReferenceModel.act_hook: called with each activation the reference feeds a matmul, in order."""
 
     def __init__(self, acts: dict, n_layer: int) -> None:
         self.acts = acts
@@ -59,35 +75,68 @@ class TieFollower:
         self.calls = 0
         self.stats: list[dict] = []
 
-    def __call__(self, h: np.ndarray, xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
-        """h [T, K] float32 the reference's activation, (xq, xs) its own quantization -> the int8 to use."""
+    def __call__(self, h: np.ndarray, f16_rows=None):
+        """h [T, K] float32 the reference's activation -> (the activation to multiply, float32 [T, K]; the
+        rows the GPU ran through the W8A16 GEMM, bool [T]). f16_rows (the reference's own guess) is not used:
+        the GPU's record says which rows were W8A16."""
         if self.calls >= len(self.order):
             raise RuntimeError("more quantized activations than the GPU run recorded")
         key = self.order[self.calls]
         self.calls += 1
-        gq, _ = self.acts[key]
-        if gq.shape != xq.shape:
-            raise ValueError(f"{key}: GPU activation {gq.shape} against the reference's {xq.shape}")
+        gq, gh, g16 = self.acts[key]
+        if gq.shape != h.shape:
+            raise ValueError(f"{key}: GPU activation {gq.shape} against the reference's {h.shape}")
+        t, k = h.shape
+        a = np.empty((t, k), np.float32)
+        stat = {"layer": key[0], "point": key[1], "elements": 0, "ties": 0, "disagreements": 0,
+                "max_excess": 0.0, "excess_at_most": [0] * len(EXCESS_BINS),
+                "f16_elements": 0, "f16_ties": 0, "f16_disagreements": 0, "f16_max_excess": 0.0}
+        if (~g16).any():
+            a[~g16] = self._follow_int8(h[~g16], gq[~g16], stat)
+        if g16.any():
+            a[g16] = self._follow_f16(h[g16], gh[g16], stat)
+        self.stats.append(stat)
+        return a, g16
+
+    @staticmethod
+    def _follow_int8(h: np.ndarray, gq: np.ndarray, stat: dict) -> np.ndarray:
+        xq, xs = quantize_q8_blocks_ref(h)
         t, k = xq.shape
         scale = np.where(xs == 0, 1.0, xs.astype(np.float64))[:, :, None]
         levels = (h.astype(np.float64).reshape(t, k // QK, QK) / scale).reshape(t, k)   # the reference's value
         step = np.abs(gq.astype(np.int16) - xq.astype(np.int16))
         tie, far = step == 1, step > 1
         excess = np.maximum(np.abs(levels[tie] - gq[tie]) - 0.5, 0.0)
-        self.stats.append({"layer": key[0], "point": key[1], "elements": int(xq.size), "ties": int(tie.sum()),
-                           "disagreements": int(far.sum()),
-                           "max_excess": float(excess.max()) if excess.size else 0.0,
-                           "excess_at_most": [int((excess <= b).sum()) for b in EXCESS_BINS]})
-        return np.where(tie, gq, xq).astype(np.int8)
+        stat.update(elements=int(xq.size), ties=int(tie.sum()), disagreements=int(far.sum()),
+                    max_excess=float(excess.max()) if excess.size else 0.0,
+                    excess_at_most=[int((excess <= b).sum()) for b in EXCESS_BINS])
+        q = np.where(tie, gq, xq).astype(np.float32)
+        return (q.reshape(t, k // QK, QK) * xs[..., None]).reshape(t, k)
+
+    @staticmethod
+    def _follow_f16(h: np.ndarray, gh: np.ndarray, stat: dict) -> np.ndarray:
+        own = h.astype(np.float16)
+        step = np.abs(_f16_order(gh) - _f16_order(own))
+        tie, far = step == 1, step > 1
+        ulp = np.abs(gh[tie].astype(np.float64) - own[tie].astype(np.float64))
+        excess = np.maximum(np.abs(h[tie].astype(np.float64) - gh[tie]) / np.where(ulp == 0, 1, ulp) - 0.5, 0.0)
+        stat["f16_elements"], stat["f16_ties"], stat["f16_disagreements"] = int(h.size), int(tie.sum()), int(far.sum())
+        stat["f16_max_excess"] = float(excess.max()) if excess.size else 0.0
+        stat["disagreements"] += int(far.sum())
+        return np.where(tie, gh, own).astype(np.float32)
 
     def report(self) -> dict:
-        """Totals over every quantization point: elements, ties followed, disagreements (two levels or more
-        apart), the largest excess and how many followed ties had an excess of at most each EXCESS_BINS."""
+        """Totals over every activation point: int8 elements, ties followed, disagreements (two levels or
+        ulps or more apart, int8 and float16 together), the largest excess and how many followed int8 ties had
+        an excess of at most each EXCESS_BINS; the float16 rows' own counts under f16_*."""
         if self.calls != len(self.order):
             raise RuntimeError(f"the reference quantized {self.calls} activations, the GPU {len(self.order)}")
+        total = lambda name: sum(s[name] for s in self.stats)   # noqa: E731
         return {"points": len(self.stats), "excess_bins": list(EXCESS_BINS),
                 "excess_at_most": [sum(s["excess_at_most"][k] for s in self.stats) for k in range(len(EXCESS_BINS))],
-                "elements": sum(s["elements"] for s in self.stats), "ties": sum(s["ties"] for s in self.stats),
-                "disagreements": sum(s["disagreements"] for s in self.stats),
+                "elements": total("elements"), "ties": total("ties"), "disagreements": total("disagreements"),
                 "max_excess": max(s["max_excess"] for s in self.stats),
+                "f16_elements": total("f16_elements"), "f16_ties": total("f16_ties"),
+                "f16_disagreements": total("f16_disagreements"),
+                "f16_max_excess": max(s["f16_max_excess"] for s in self.stats),
                 "first_disagreement": next((s for s in self.stats if s["disagreements"]), None)}

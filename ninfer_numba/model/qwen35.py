@@ -5,9 +5,12 @@ One layer, in launches (decode, T = 1; prefill runs the same sequence with GEMMs
   GDN:  gdn_decode_step(proj) → y      |  attention: qk_norm_rope_store → attention_decode(+gate) → y
   quantize_rows(y) → GEMV out-projection accumulated into x (the residual add is the GEMV's epilogue)
   rmsnorm_quant(x, post_norm) → GEMV gate|up → silu_mul_quant → GEMV down accumulated into x
+Prefill on sm_90 (the W8A16 GEMM, ``gemm="w8a16"``, the default there) makes float16 activations instead of
+int8 (rmsnorm_f16, to_f16, silu_mul_f16, in the GEMM's fragment order) and multiplies them with the Q8_0
+weights dequantized to float16 inside the GEMM; elsewhere prefill quantizes to int8 like decode.
 Every per-step scalar (position, KV length, the token) lives in a device buffer, so the decode step is
-captured once as a CUDA graph and replayed (engine/cuda_runner.py). ``decode`` and ``prefill`` are chosen in
-one place: ``forward`` switches on the token count.
+captured once as a CUDA graph and replayed (engine/cuda_runner.py). The token count decides the path:
+``_act_f16(t)`` (which activations a matmul of t rows takes) and the t == 1 branches of the mixers.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from ninfer_numba.config import EngineConfig, ModelConfig
 from ninfer_numba.kernels import position
+from ninfer_numba.kernels.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.embed import embed_gather_q8
 from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
@@ -23,6 +27,7 @@ from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.kernels.gdn.chunk import gdn_prefill, shared_workspace
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.gemm_q8 import gemm_q8
+from ninfer_numba.kernels.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.gemv_q8 import gemv_q8
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
@@ -69,6 +74,7 @@ class Buffers:
         self.x = dev((t_max * e,), np.float32)                  # [T, E] residual stream (viewed per use)
         self.xq = dev((t_max * k_max,), np.int8)                # [T, K] int8 activations (viewed per use)
         self.xs = dev((t_max * k_max // 32,), np.float32)       # [T, K/32] their block scales
+        self.xh = dev((t_max * k_max,), np.float16)             # [T, K] f16 activations, fragment order
         self.proj = dev((t_max * max(p_gdn, p_attn, 2 * f),), np.float32)   # [T, P] projection outputs
         self.y = dev((t_max * max(c.ssm_inner, c.head_dim * c.n_head),), np.float32)  # [T, mixer width]
         self.q = dev((t_max, c.n_head, c.head_dim), np.float16)             # [T, H, d] rotated queries
@@ -77,6 +83,10 @@ class Buffers:
     def act(self, t: int, k: int):
         """int8 activations [t, k] and scales [t, k/32] as views of the shared buffers."""
         return self.xq[: t * k].reshape(t, k), self.xs[: t * k // 32].reshape(t, k // 32)
+
+    def act_f16(self, t: int, k: int):
+        """float16 activations [t, k] (fragment order) as a view of the shared buffer."""
+        return self.xh[: t * k].reshape(t, k)
 
     def mat(self, buf, t: int, n: int):
         return buf[: t * n].reshape(t, n)
@@ -95,28 +105,70 @@ class Qwen35Gpu:
         self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
         self.gdn_sync = make_decode_sync_counts(c.ssm_groups, c.ssm_heads, stream=stream)
         self.gdn_ws = shared_workspace(engine.prefill_chunk, c.ssm_groups, c.ssm_heads, c.ssm_state, stream)
-        self.gemm_path = "auto" if engine.gemm == "auto" else engine.gemm
         # fp16 tensor-core prefill attention on sm_80+ (20-30x the float32 kernel); float32 kernel elsewhere
         cc = (0, 0) if SIMULATOR else cuda.get_current_device().compute_capability
+        # prefill GEMM: W8A16 on sm_90 (wgmma), else int8 (gemm_q8 picks mma on sm_80+, dp4a below)
+        self.gemm_path = ("w8a16" if cc >= (9, 0) else "auto") if engine.gemm == "auto" else engine.gemm
+        if self.gemm_path == "w8a16" and not SIMULATOR and cc < (9, 0):
+            raise ValueError(f"gemm='w8a16' needs an sm_90 GPU (wgmma); this one is sm_{cc[0]}{cc[1]}")
         self.prefill_attention = attention_prefill_mma if cc >= (8, 0) and supports_shape(
             c.n_head, c.n_head_kv, c.head_dim) else attention_prefill
 
-    # -- matmuls --------------------------------------------------------------------------------------
-    def _matmul(self, m: Q8Matrix, xq, xs, out, accumulate: bool = False) -> None:
-        if xq.shape[0] == 1:
+    # -- activations and matmuls --------------------------------------------------------------------
+    def _act_f16(self, t: int) -> bool:
+        """Whether the matmuls of a t-row forward take float16 activations (the W8A16 prefill GEMM)."""
+        return t > 1 and self.gemm_path == "w8a16"
+
+    def _norm_act(self, x, w, t: int):
+        """RMSNorm of x [t, E] into the activation the next matmul takes: (xh, None) or (xq, xs)."""
+        if self._act_f16(t):
+            xh = self.buf.act_f16(t, x.shape[1])
+            rmsnorm_f16(x, w, self.c.rms_eps, xh, stream=self.stream)
+            return xh, None
+        xq, xs = self.buf.act(t, x.shape[1])
+        rmsnorm_quant(x, w, self.c.rms_eps, xq, xs, stream=self.stream)
+        return xq, xs
+
+    def _plain_act(self, y, t: int):
+        """y [t, K] float32 (a mixer's output) as the activation of the next matmul."""
+        if self._act_f16(t):
+            yh = self.buf.act_f16(t, y.shape[1])
+            to_f16(y, yh, stream=self.stream)
+            return yh, None
+        yq, ys = self.buf.act(t, y.shape[1])
+        quantize_rows(y, yq, ys, stream=self.stream)
+        return yq, ys
+
+    def _silu_act(self, gu, t: int):
+        """silu(gate) * up of gu [t, 2F] as the activation of the down projection."""
+        f = gu.shape[1] // 2
+        if self._act_f16(t):
+            hh = self.buf.act_f16(t, f)
+            silu_mul_f16(gu, hh, stream=self.stream)
+            return hh, None
+        hq, hs = self.buf.act(t, f)
+        silu_mul_quant(gu, hq, hs, stream=self.stream)
+        return hq, hs
+
+    def _matmul(self, m: Q8Matrix, act, out, accumulate: bool = False) -> None:
+        xq, xs = act
+        if xs is None:
+            gemm_w8a16(m.wq, m.ws, xq, out, accumulate=accumulate, stream=self.stream)
+        elif xq.shape[0] == 1:
             gemv_q8(m.wq, m.ws, xq, xs, out.reshape(-1), accumulate=accumulate, stream=self.stream)
         else:
-            gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=self.gemm_path, stream=self.stream)
+            path = "auto" if self.gemm_path == "w8a16" else self.gemm_path
+            gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=path, stream=self.stream)
 
     # -- one forward over the tokens already in buf.tokens[:t] ----------------------------------------
     def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1, tap=None, act_tap=None) -> None:
         """Run t tokens (buf.tokens[:t]) at st.pos; the last ``logits_rows`` rows' logits land in self.logits.
 
         tap(i, x): called with the residual stream x [t, n_embd] (device) after the embedding (i = -1) and
-        after each layer i, for layer-by-layer checks; act_tap(i, point, xq, xs): called with each int8
-        activation a matmul consumes (device [rows, K] int8 and [rows, K/32] scales; points "mixer_in",
-        "mixer_out", "ffn_in", "down_in", then i = n_layer, "head"). Eager forwards only (never under graph
-        capture)."""
+        after each layer i, for layer-by-layer checks; act_tap(i, point, q, d): called with each activation a
+        matmul consumes (device [rows, K] int8 and [rows, K/32] scales, or [rows, K] float16 in fragment
+        order and None on the W8A16 path; points "mixer_in", "mixer_out", "ffn_in", "down_in", then
+        i = n_layer, "head"). Eager forwards only (never under graph capture)."""
         seen = act_tap or (lambda i, point, q, d: None)
         c, b, s = self.c, self.buf, self.stream
         position.set_kv_len(st.pos, st.kv_len, t, stream=s)
@@ -125,40 +177,35 @@ class Qwen35Gpu:
         if tap is not None:
             tap(-1, x)
         for i, L in enumerate(self.w.layers):
-            xq, xs = b.act(t, c.n_embd)
-            rmsnorm_quant(x, L.attn_norm, c.rms_eps, xq, xs, stream=s)
-            seen(i, "mixer_in", xq, xs)
+            act = self._norm_act(x, L.attn_norm, t)
+            seen(i, "mixer_in", *act)
             if L.is_attention:
-                y = self._attention(L, t, st, xq, xs)
+                y = self._attention(L, t, st, act)
             else:
-                y = self._gdn(L, t, st, xq, xs)
-            yq, ys = b.act(t, y.shape[1])
-            quantize_rows(y, yq, ys, stream=s)
-            seen(i, "mixer_out", yq, ys)
-            self._matmul(L.w_out, yq, ys, x, accumulate=True)
-            xq, xs = b.act(t, c.n_embd)
-            rmsnorm_quant(x, L.post_norm, c.rms_eps, xq, xs, stream=s)
-            seen(i, "ffn_in", xq, xs)
+                y = self._gdn(L, t, st, act)
+            act = self._plain_act(y, t)
+            seen(i, "mixer_out", *act)
+            self._matmul(L.w_out, act, x, accumulate=True)
+            act = self._norm_act(x, L.post_norm, t)
+            seen(i, "ffn_in", *act)
             gu = b.mat(b.proj, t, 2 * c.n_ff)
-            self._matmul(L.w_gate_up, xq, xs, gu)
-            hq, hs = b.act(t, c.n_ff)
-            silu_mul_quant(gu, hq, hs, stream=s)
-            seen(i, "down_in", hq, hs)
-            self._matmul(L.w_down, hq, hs, x, accumulate=True)
+            self._matmul(L.w_gate_up, act, gu)
+            act = self._silu_act(gu, t)
+            seen(i, "down_in", *act)
+            self._matmul(L.w_down, act, x, accumulate=True)
             if tap is not None:
                 tap(i, x)
         r = logits_rows
-        oq, os_ = b.act(r, c.n_embd)
-        rmsnorm_quant(x[t - r:], self.w.output_norm, c.rms_eps, oq, os_, stream=s)
-        seen(len(self.w.layers), "head", oq, os_)
-        self._matmul(self.w.output, oq, os_, self.logits[:r])
+        act = self._norm_act(x[t - r:], self.w.output_norm, r)
+        seen(len(self.w.layers), "head", *act)
+        self._matmul(self.w.output, act, self.logits[:r])
         position.advance(st.pos, t, stream=s)
         st.host_pos += t
 
-    def _attention(self, L, t, st, xq, xs):
+    def _attention(self, L, t, st, act):
         c, b, s = self.c, self.buf, self.stream
         proj = b.mat(b.proj, t, b.p_attn)
-        self._matmul(L.w_in, xq, xs, proj)
+        self._matmul(L.w_in, act, proj)
         q = b.q[:t]
         qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
                            st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base,
@@ -171,10 +218,10 @@ class Qwen35Gpu:
             self.prefill_attention(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, proj, y, stream=s)
         return y
 
-    def _gdn(self, L, t, st, xq, xs):
+    def _gdn(self, L, t, st, act):
         c, b, s = self.c, self.buf, self.stream
         proj = b.mat(b.proj, t, b.p_gdn)
-        self._matmul(L.w_in, xq, xs, proj)
+        self._matmul(L.w_in, act, proj)
         y = b.mat(b.y, t, c.ssm_inner)
         args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"], L.small["ssm_norm"],
                 st.ssm[L.index])

@@ -10,7 +10,9 @@ ones a window of rows at a time (``ModelWeights.matmul``), so peak memory is the
 ``emulate_int8=True`` models the kernels' storage precision: every matmul input quantized per 32-block to
 int8 exactly as the GPU kernels do (kernels/quant_ref.py), and the attention queries, keys and values rounded
 to float16 as the f16 KV cache holds them; so GPU logits can be compared with this model tightly (see
-model/act_follow.py). The float mode is the spec.
+model/act_follow.py). Rows the GPU ran through the W8A16 prefill GEMM (``f16_layer_rows`` /
+``f16_head_rows``, by position) instead take their activations rounded to float16 and the weights
+dequantized to float16, as that kernel does. The float mode is the spec.
 """
 from __future__ import annotations
 
@@ -45,7 +47,9 @@ class ReferenceModel:
         self.config: ModelConfig = weights.config
         self.emulate_int8 = emulate_int8
         self.gdn_chunked = gdn_chunked
-        self.act_hook = None   # (h, xq, xs) -> xq to use, with emulate_int8 (model/act_follow.py)
+        self.act_hook = None   # (h, f16_rows) -> (activation, f16_rows), with emulate_int8 (model/act_follow.py)
+        self.f16_layer_rows = None     # bool [positions]: the layers' matmuls of these rows are W8A16
+        self.f16_head_rows = None      # bool [positions]: likewise for the output head
 
     def new_state(self, max_seq: int) -> ReferenceState:
         c = self.config
@@ -60,50 +64,61 @@ class ReferenceModel:
         return st
 
     # -- building blocks -------------------------------------------------------------------------------
-    def _act(self, h: np.ndarray) -> np.ndarray:
-        """The activation a matmul consumes: as is, or through the kernels' int8 per-32-block quantization."""
+    def _act(self, h: np.ndarray, f16_rows):
+        """The activation a matmul consumes and which of its rows are W8A16: as is (float mode); emulated,
+        int8 per-32-block quantization, or float16 rounding for the rows in f16_rows."""
         if not self.emulate_int8:
-            return h
-        from ninfer_numba.kernels.quant_ref import quantize_q8_blocks_ref
-        xq, xs = quantize_q8_blocks_ref(h)
+            return h, None
         if self.act_hook is not None:
-            xq = self.act_hook(h, xq, xs)
-        t, k = xq.shape
-        return (xq.astype(np.float32).reshape(t, k // 32, 32) * xs[..., None]).reshape(t, k)
+            return self.act_hook(h, f16_rows)
+        return emulate_activation(h, f16_rows), f16_rows
 
-    def _linear(self, h: np.ndarray, *names: str) -> np.ndarray:
+    def _linear(self, h: np.ndarray, *names: str, f16_rows=None) -> np.ndarray:
         """h [T, K] through the named matrices, outputs side by side [T, ΣN]: the row-fused projections of
         model/gpu_weights.py (one activation quantization serves them all)."""
-        a = self._act(h)
-        if len(names) == 1:          # no concatenation copy: the output matrix's logits can be large
-            return self.w.matmul(names[0], a)
-        return np.concatenate([self.w.matmul(n, a) for n in names], axis=1)
+        a, f16 = self._act(h, f16_rows)
+
+        def product(x, f16_weights=False):
+            if len(names) == 1:      # no concatenation copy: the output matrix's logits can be large
+                return self.w.matmul(names[0], x, f16_weights=f16_weights)
+            return np.concatenate([self.w.matmul(n, x, f16_weights=f16_weights) for n in names], axis=1)
+        if f16 is None or not f16.any():
+            return product(a)
+        if f16.all():
+            return product(a, True)
+        out = np.empty((len(a), sum(self.w.info(n).shape[0] for n in names)), np.float32)
+        out[f16], out[~f16] = product(a[f16], True), product(a[~f16])
+        return out
+
+    def _rows(self, mask, pos0: int, t: int):
+        """The slice [pos0, pos0 + t) of a per-position mask (None: no W8A16 rows)."""
+        return None if mask is None else np.asarray(mask[pos0:pos0 + t], bool)
 
     def _norm(self, name: str, x: np.ndarray) -> np.ndarray:
         return rmsnorm_ref(x, self.w.dense(name), self.config.rms_eps)
 
-    def _attention(self, i: int, h: np.ndarray, st: ReferenceState) -> np.ndarray:
+    def _attention(self, i: int, h: np.ndarray, st: ReferenceState, f16) -> np.ndarray:
         c, b = self.config, f"blk.{i}."
-        proj = self._linear(h, b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
+        proj = self._linear(h, b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight", f16_rows=f16)
         o = attn_mixer_ref(proj, self.w.dense(b + "attn_q_norm.weight"), self.w.dense(b + "attn_k_norm.weight"),
                            st.k_cache[i], st.v_cache[i], st.pos, c.n_head, c.n_head_kv, c.head_dim, c.n_rot,
                            c.rope_base, c.rms_eps, store_dtype=np.float16 if self.emulate_int8 else np.float32)
-        return self._linear(o.astype(np.float32), b + "attn_output.weight")
+        return self._linear(o.astype(np.float32), b + "attn_output.weight", f16_rows=f16)
 
-    def _gdn(self, i: int, h: np.ndarray, st: ReferenceState) -> np.ndarray:
+    def _gdn(self, i: int, h: np.ndarray, st: ReferenceState, f16) -> np.ndarray:
         c, b = self.config, f"blk.{i}."
         proj = self._linear(h, b + "attn_qkv.weight", b + "attn_gate.weight", b + "ssm_beta.weight",
-                            b + "ssm_alpha.weight")
+                            b + "ssm_alpha.weight", f16_rows=f16)
         y, st.conv[i], st.ssm[i] = gdn_mixer_ref(
             proj, self.w.dense(b + "ssm_conv1d.weight"), st.conv[i], self.w.dense(b + "ssm_a"),
             self.w.dense(b + "ssm_dt.bias"), self.w.dense(b + "ssm_norm.weight"), st.ssm[i],
             c.ssm_groups, c.ssm_heads, c.ssm_state, c.rms_eps, chunked=self.gdn_chunked)
-        return self._linear(y.astype(np.float32), b + "ssm_out.weight")
+        return self._linear(y.astype(np.float32), b + "ssm_out.weight", f16_rows=f16)
 
-    def _ffn(self, i: int, h: np.ndarray) -> np.ndarray:
+    def _ffn(self, i: int, h: np.ndarray, f16) -> np.ndarray:
         b = f"blk.{i}."
-        gate, up = np.split(self._linear(h, b + "ffn_gate.weight", b + "ffn_up.weight"), 2, axis=1)
-        return self._linear((_silu(gate) * up).astype(np.float32), b + "ffn_down.weight")
+        gate, up = np.split(self._linear(h, b + "ffn_gate.weight", b + "ffn_up.weight", f16_rows=f16), 2, axis=1)
+        return self._linear((_silu(gate) * up).astype(np.float32), b + "ffn_down.weight", f16_rows=f16)
 
     # -- forward -----------------------------------------------------------------------------------------
     def forward(self, tokens, st: ReferenceState, *, all_logits: bool = True) -> np.ndarray:
@@ -120,17 +135,31 @@ class ReferenceModel:
         for i in range(self.config.n_layer):
             x = self.layer(i, x, st)
         st.pos += t
-        return self.head(x if all_logits else x[-1:])
+        return self.head(x, st.pos - t) if all_logits else self.head(x[-1:], st.pos - 1)
 
     def layer(self, i: int, x: np.ndarray, st: ReferenceState) -> np.ndarray:
         """Residual stream [T, n_embd] into layer i -> out of it, for tokens at st.pos onwards (st.pos is
         advanced by the caller once all layers ran)."""
+        f16 = self._rows(self.f16_layer_rows, st.pos, len(x))
         h = self._norm(f"blk.{i}.attn_norm.weight", x)
         mix = self._attention if self.config.is_attention_layer(i) else self._gdn
-        x = x + mix(i, h, st)
+        x = x + mix(i, h, st, f16)
         h = self._norm(f"blk.{i}.post_attention_norm.weight", x)
-        return x + self._ffn(i, h)
+        return x + self._ffn(i, h, f16)
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        """Final residual stream [T, n_embd] -> logits [T, V]."""
-        return self._linear(self._norm("output_norm.weight", x), self.w.output_name)
+    def head(self, x: np.ndarray, pos0: int = 0) -> np.ndarray:
+        """Final residual stream [T, n_embd] of positions pos0.. -> logits [T, V]."""
+        return self._linear(self._norm("output_norm.weight", x), self.w.output_name,
+                            f16_rows=self._rows(self.f16_head_rows, pos0, len(x)))
+
+
+def emulate_activation(h: np.ndarray, f16_rows=None) -> np.ndarray:
+    """h [T, K] float32 as the GPU kernels feed it to a matmul: per-32-block int8 quantization (dequantized
+    back to float32), or float16 rounding for the rows in f16_rows (bool [T])."""
+    from ninfer_numba.kernels.quant_ref import quantize_q8_blocks_ref
+    xq, xs = quantize_q8_blocks_ref(h)
+    t, k = xq.shape
+    a = (xq.astype(np.float32).reshape(t, k // 32, 32) * xs[..., None]).reshape(t, k)
+    if f16_rows is not None:
+        a[f16_rows] = h[f16_rows].astype(np.float16).astype(np.float32)
+    return a

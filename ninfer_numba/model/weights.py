@@ -76,16 +76,18 @@ class ModelWeights:
         raw = row_slice_bytes(self.file.tensor_bytes(name), t.ggml_type, t.shape[1], start, stop)
         return dequantize(raw, t.ggml_type, (stop - start, t.shape[1]))
 
-    def matmul(self, name: str, x: np.ndarray) -> np.ndarray:
-        """x [T, K] @ W[name].T -> [T, N] in float32, dequantizing W a window of rows at a time."""
+    def matmul(self, name: str, x: np.ndarray, *, f16_weights: bool = False) -> np.ndarray:
+        """x [T, K] @ W[name].T -> [T, N] in float32, dequantizing W a window of rows at a time; with
+        f16_weights each dequantized weight is first rounded to float16 (the W8A16 prefill GEMM's operand)."""
         n, k = self.file.tensors[name].shape
         step = max(1, MATMUL_WINDOW_ELEMENTS // k)
+        w = (lambda d: d.astype(np.float16).astype(np.float32)) if f16_weights else (lambda d: d)   # noqa: E731
         if step >= n:
-            return x @ self.dense(name).T
+            return x @ w(self.dense(name)).T
         out = np.empty((x.shape[0], n), dtype=np.float32)
         for s in range(0, n, step):
             e = min(n, s + step)
-            out[:, s:e] = x @ self.rows(name, s, e).T
+            out[:, s:e] = x @ w(self.rows(name, s, e)).T
         return out
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ Tolerance rules (ref32 = the NumPy float32 value, quant_ref.rmsnorm_ref / silu_m
   <= ref32 or the smallest >= ref32; a single value when ref32 is a float16), i.e. within one float16 ulp,
   and at least 99% of the outputs must equal float16(ref32) bit for bit (a float32 difference of a few ulp
   flips the float16 rounding only for values within that distance of a float16 midpoint: ~2^-12 of them).
+- Outputs are in fragment order (the W8A16 GEMM's operand layout); every check un-permutes them first
+  (quant_ref.from_fragment_order), so a wrong position shows as a wrong value.
 - Outputs are poisoned with NaN, with one extra guard row past the M rows passed to the kernel: every
   element of the M rows must be written, the guard row never.
 """
@@ -18,7 +20,8 @@ import pytest
 from ninfer_numba.kernels import act_f16
 from ninfer_numba.kernels.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_ref import QK, rmsnorm_f16_ref, rmsnorm_ref, silu_mul_f16_ref, silu_mul_ref
+from ninfer_numba.kernels.quant_ref import (QK, from_fragment_order, rmsnorm_f16_ref, rmsnorm_ref, silu_mul_f16_ref,
+                                            silu_mul_ref)
 
 RUNNABLE = pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")
 GPU = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
@@ -26,7 +29,8 @@ EXACT_FRACTION = 0.99
 
 
 def _launch(launch, m, k):
-    """Run launch(out) on an output poisoned with NaN plus a NaN guard row; -> out [M, K] float16."""
+    """Run launch(out) on an output poisoned with NaN plus a NaN guard row; -> out [M, K] float16 in natural
+    column order."""
     buf = cuda.to_device(np.full((m + 1, k), np.nan, np.float16))     # [M + 1, K] float16
     launch(buf[:m])
     host = buf.copy_to_host()
@@ -34,7 +38,7 @@ def _launch(launch, m, k):
     out = host[:m]
     unwritten = np.isnan(out)
     assert not unwritten.any(), f"{unwritten.sum()} outputs unwritten, first at {np.argwhere(unwritten)[0]}"
-    return out
+    return from_fragment_order(out)
 
 
 def assert_f16_neighbour(got, ref32):

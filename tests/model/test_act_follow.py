@@ -1,35 +1,46 @@
 """TieFollower (model/act_follow.py) with the int8-emulating reference as its own "GPU": its recorded
-activations are followed without a change, a level moved at a near-tie is taken, one moved elsewhere is a
-disagreement. The GPU side is in tests/model/test_gpu_model.py."""
+activations are followed without a change, a level (or, on W8A16 rows, a float16 ulp) moved at a near-tie is
+taken, one moved elsewhere is a disagreement. The GPU side is in tests/model/test_gpu_model.py."""
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.quant_ref import QK
+from ninfer_numba.kernels.quant_ref import QK, quantize_q8_blocks_ref
 from ninfer_numba.model.act_follow import POINTS, TieFollower
-from ninfer_numba.model.reference import ReferenceModel
+from ninfer_numba.model.reference import ReferenceModel, emulate_activation
 from ninfer_numba.model.weights import open_model
 
 
-def _recorded(w, seq):
-    """The int8-emulating reference's own activations in TieFollower's order, the h each was made from,
-    and its logits."""
+def _reference(w, f16_positions=0):
+    """The int8-emulating reference, its first f16_positions positions run as W8A16 rows (layers and head)."""
     ref = ReferenceModel(w, emulate_int8=True)
+    if f16_positions:
+        ref.f16_layer_rows = ref.f16_head_rows = np.arange(64) < f16_positions
+    return ref
+
+
+def _recorded(w, seq, f16_positions=0):
+    """The reference's own activations as TieFollower's record (q int8, h16 float16, f16 rows) in its
+    order, the h each was made from, and its logits."""
+    ref = _reference(w, f16_positions)
     seen = []
 
-    def record(h, xq, xs):
-        seen.append((h.copy(), xq.copy(), xs.copy()))
-        return xq
+    def record(h, f16_rows):
+        f16 = np.zeros(len(h), bool) if f16_rows is None else f16_rows
+        xq, _ = quantize_q8_blocks_ref(h)
+        seen.append((h.copy(), np.where(f16[:, None], 0, xq).astype(np.int8),
+                     np.where(f16[:, None], h.astype(np.float16), 0).astype(np.float16), f16.copy()))
+        return emulate_activation(h, f16_rows), f16_rows
 
     ref.act_hook = record
     logits = ref.forward(seq, ref.new_state(len(seq)))
     n = w.config.n_layer
     keys = [(i, p) for i in range(n) for p in POINTS] + [(n, "head")]
     assert len(seen) == len(keys)
-    return {k: (q, d) for k, (_, q, d) in zip(keys, seen)}, [h for h, _, _ in seen], logits
+    return {k: rec[1:] for k, rec in zip(keys, seen)}, [rec[0] for rec in seen], logits
 
 
-def _follow(w, seq, acts):
-    ref = ReferenceModel(w, emulate_int8=True)
+def _follow(w, seq, acts, f16_positions=0):
+    ref = _reference(w, f16_positions)
     ref.act_hook = follower = TieFollower(acts, w.config.n_layer)
     return ref.forward(seq, ref.new_state(len(seq))), follower.report()
 
@@ -41,6 +52,38 @@ def test_own_activations_are_followed_unchanged(tiny_untied):
     out, rep = _follow(w, seq, acts)
     assert np.array_equal(out, logits)
     assert rep["ties"] == 0 and rep["disagreements"] == 0 and rep["points"] == 4 * w.config.n_layer + 1
+    assert rep["f16_elements"] == 0
+
+
+def test_w8a16_rows_are_followed_and_a_far_ulp_disagrees(tiny_untied):
+    """The first 8 of 12 positions as W8A16 rows: the own record is followed unchanged (float16 weights on
+    exactly those rows); one float16 value moved by one ulp at the nearest tie is followed, two ulps is a
+    disagreement."""
+    w = open_model(tiny_untied)
+    seq = np.random.default_rng(3).integers(0, w.config.n_vocab, 12).tolist()
+    acts, hs, logits = _recorded(w, seq, f16_positions=8)
+    out, rep = _follow(w, seq, acts, f16_positions=8)
+    assert np.array_equal(out, logits)
+    assert rep["f16_elements"] > 0 and rep["f16_ties"] == 0 and rep["disagreements"] == 0
+    int8_only = _reference(w).forward(seq, _reference(w).new_state(len(seq)))
+    assert not np.array_equal(logits, int8_only)                  # the W8A16 rows really are different
+    key = (w.config.n_layer, "head")
+    idx = list(acts).index(key)
+    q, h16, f16 = acts[key]
+    h = hs[idx][:8].astype(np.float64)
+    r16 = h16[:8].astype(np.float64)
+    up = np.nextafter(h16[:8], np.float16(np.inf)).astype(np.float64)
+    frac = np.abs(h - r16) / np.abs(up - r16)                     # distance from its own value, in ulps
+    tie = np.unravel_index(np.argmax(np.where(h > r16, frac, 0)), frac.shape)   # nearest the upper midpoint
+    far = np.unravel_index(np.argmin(frac), frac.shape)
+    assert frac[tie] > 0.4
+    moved = h16.copy()
+    moved[tie] = np.nextafter(h16[tie], np.float16(np.inf))
+    moved[far] = np.nextafter(np.nextafter(h16[far], np.float16(np.inf)), np.float16(np.inf))
+    out, rep = _follow(w, seq, {**acts, key: (q, moved, f16)}, f16_positions=8)
+    assert rep["f16_ties"] == 1 and rep["f16_disagreements"] == 1 and rep["disagreements"] == 1
+    assert rep["f16_max_excess"] < 0.1
+    assert not np.array_equal(out, logits)
 
 
 def test_one_level_is_followed_with_its_excess_and_two_levels_disagree(tiny_untied):
@@ -49,7 +92,8 @@ def test_one_level_is_followed_with_its_excess_and_two_levels_disagree(tiny_unti
     acts, hs, logits = _recorded(w, seq)
     key = (w.config.n_layer, "head")                             # the last point: nothing downstream
     idx = list(acts).index(key)
-    q, d = acts[key]
+    q, h16, f16 = acts[key]
+    _, d = quantize_q8_blocks_ref(hs[list(acts).index(key)])
     t, k = q.shape
     levels = (hs[idx].astype(np.float64).reshape(t, k // QK, QK) / d[:, :, None]).reshape(t, k)
     frac = np.abs(levels - np.round(levels))
@@ -62,7 +106,7 @@ def test_one_level_is_followed_with_its_excess_and_two_levels_disagree(tiny_unti
     moved[tie] = np.floor(levels[tie]) if q[tie] == np.ceil(levels[tie]) else np.ceil(levels[tie])
     moved[on_level] += 1                                          # one level off a value sitting on a level
     moved[far] += 2                                               # two levels off: no rounding decision
-    out, rep = _follow(w, seq, {**acts, key: (moved, d)})
+    out, rep = _follow(w, seq, {**acts, key: (moved, h16, f16)})
     assert rep["ties"] == 2 and rep["disagreements"] == 1
     assert rep["excess_at_most"][0] == 1 and 0.45 < rep["max_excess"] < 0.55   # the near-tie; the other: 0.5
     assert not np.array_equal(out, logits)                        # the followed ties changed the run
