@@ -15,8 +15,9 @@ version of this kernel stored them there: shared-memory traffic, not the tensor 
 TOPS; benchmarks/NOTES.md), and shared memory carries only the activation tiles.
 
 CTA: 256 threads = 2 warpgroups. Tile: BW = 128 weight rows (output columns; warpgroup j owns rows
-64j..64j+63, thread (warp w, lane 4g + q) rows 16w + g and 16w + g + 8) x BA = 256 or 128 activation rows
-(output rows, the wgmma N; ``_choose_ba`` takes 128 when 256 would leave SMs idle). K advances BK = 64 per
+64j..64j+63, thread (warp w, lane 4g + q) rows 16w + g and 16w + g + 8) x BA = 256, 192 or 128 activation
+rows (output rows, the wgmma N; ``_choose_ba`` picks by waves of CTAs, smaller tiles where 256 would leave
+SMs idle). K advances BK = 64 per
 stage: 4 wgmma k16 steps. Shared memory: A_SLOTS = 5 activation stages [BA rows x 128 B] (128-byte swizzle,
 ptx_sm90.py), filled by cp.async 3 stages ahead; the same bytes hold the epilogue tile at the end.
 Registers: the accumulators (BA/2 float32), two sets of A fragments (16 uint32 each: the stage being
@@ -77,7 +78,7 @@ def smem_bytes(ba: int) -> int:
 @lru_cache(maxsize=None)
 def _kernel(ba: int):
     slot_bytes = ba * ROW_BYTES
-    a_chunks = ba * 8 // TPB                 # 16-byte activation chunks per thread per stage: 8 or 4
+    a_chunks = ba * 8 // TPB                 # 16-byte activation chunks per thread per stage: 8, 6 or 4
     per_row = BW // 4                        # float4 per epilogue row
     wgmma = sm90.wgmma_rs_f16(ba)
     zero = sm90.acc_zero(ba)
@@ -233,13 +234,18 @@ def _kernel(ba: int):
     return kernel
 
 
+# time per activation row of a tile, relative to BA = 256 (H200, 2026-12-01: a 128-row tile converts each
+# weight for half as many products and keeps the tensor cores busy for half as long per stage)
+_ROW_COST = {256: 1.0, 192: 1.05, 128: 1.35}
+
+
 def _choose_ba(m: int, n: int, n_sm: int) -> int:
-    """BA = 256 unless 128 gives fewer (weighted) waves: a 128-row activation tile converts each weight for
-    half as many products, so it wins only where 256 leaves SMs idle (small M or N)."""
+    """The activation tile with the least predicted time: waves of CTAs (ceil(tiles / SMs)) times the time
+    of one tile. 256 unless the grid would leave SMs idle in its last wave (small M or N)."""
     def cost(ba):
         tiles = -(-m // ba) * -(-n // BW)
-        return -(-tiles // n_sm) * ba * (1.0 if ba == 256 else 1.2)
-    return min((256, 128), key=cost)
+        return -(-tiles // n_sm) * ba * _ROW_COST[ba]
+    return min(_ROW_COST, key=cost)
 
 
 _OPTED_IN: set = set()
@@ -276,8 +282,8 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = No
     if m == 0:
         return
     ba = ba or _choose_ba(m, n, _sm_count())
-    if ba not in (128, 256):
-        raise ValueError(f"ba must be 128 or 256, not {ba}")
+    if ba not in _ROW_COST:
+        raise ValueError(f"ba must be one of {sorted(_ROW_COST)}, not {ba}")
     kernel = _kernel(ba)
     args = (wq, ws.view(np.uint16).reshape(-1), xh, out, 1 if accumulate else 0)
     nbytes = smem_bytes(ba)
