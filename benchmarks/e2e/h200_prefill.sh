@@ -3,6 +3,9 @@
 #   STAGE=final: llama.cpp build and the 9b file in the background; GPU tests of the GEMM, the f16
 #               activations and the whole model (W8A16 prefill against the references); bench_prefill_gemm;
 #               then `make bench` (both engines, same file); everything packed into $OUT/all.tgz
+#   STAGE=e2e:  llama.cpp build (carry .cache/llama.cpp/src from `python -m benchmarks.llamacpp fetch`) and the
+#               9b and 0.8b files in the background; whole-model GPU tests; the 0.8b file against the
+#               references; then `make bench`; everything packed into $OUT/all.tgz
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -40,6 +43,24 @@ final)
   timeout 120 python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b,27b --m 512,2048,8192 --paths w8a16 \
     --out "$OUT/bench_prefill_gemm.jsonl" > "$OUT/bench_prefill_gemm.log" 2>&1
   say "prefill GEMM (exit $?):"; grep -v "^WARNING" "$OUT/bench_prefill_gemm.log" | tail -30 | cut -c1-120
+  wait $gen; wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
+  timeout 300 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench" > "$OUT/make_bench.log" 2>&1
+  say "make bench exit $?"; grep -v "^WARNING" "$OUT/make_bench.log" | tail -16
+  tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+  ;;
+e2e)
+  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
+  build=$!
+  ( [ -f models/q35-0.8b.gguf ] || python3 -m ninfer_numba make-model --shape 0.8b --no-vocab --out models/q35-0.8b.gguf
+    [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
+  ) > "$OUT/make_models.log" 2>&1 &
+  gen=$!
+  timeout 120 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-1500 | head -8
+  while [ ! -f models/q35-0.8b.gguf ]; do sleep 2; done; sleep 5
+  timeout 200 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-0.8b.gguf --out "$OUT/e2e_08b.json" \
+    > "$OUT/e2e_08b.log" 2>&1
+  say "0.8b vs reference:"; tail -1 "$OUT/e2e_08b.log" | cut -c1-2500
   wait $gen; wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
   timeout 300 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench" > "$OUT/make_bench.log" 2>&1
   say "make bench exit $?"; grep -v "^WARNING" "$OUT/make_bench.log" | tail -16

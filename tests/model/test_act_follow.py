@@ -57,7 +57,8 @@ def test_own_activations_are_followed_unchanged(tiny_untied):
 
 def test_w8a16_rows_are_followed_and_a_far_ulp_disagrees(tiny_untied):
     """The first 8 of 12 positions as W8A16 rows: the own record is followed unchanged (float16 weights on
-    exactly those rows); one float16 value moved by one ulp at the nearest tie is followed, two ulps is a
+    exactly those rows); one float16 value moved by one ulp at the nearest tie is followed, a small one moved
+    by two ulps (a fraction of an int8 level) is followed as near, a large one moved by a whole level is a
     disagreement."""
     w = open_model(tiny_untied)
     seq = np.random.default_rng(3).integers(0, w.config.n_vocab, 12).tolist()
@@ -75,14 +76,16 @@ def test_w8a16_rows_are_followed_and_a_far_ulp_disagrees(tiny_untied):
     up = np.nextafter(h16[:8], np.float16(np.inf)).astype(np.float64)
     frac = np.abs(h - r16) / np.abs(up - r16)                     # distance from its own value, in ulps
     tie = np.unravel_index(np.argmax(np.where(h > r16, frac, 0)), frac.shape)   # nearest the upper midpoint
-    far = np.unravel_index(np.argmin(frac), frac.shape)
-    assert frac[tie] > 0.4
+    small = np.unravel_index(np.argmin(np.where(np.abs(h) > 0, np.abs(h), np.inf)), h.shape)
+    big = np.unravel_index(np.argmax(np.abs(h)), h.shape)
+    assert frac[tie] > 0.4 and len({tie, small, big}) == 3
     moved = h16.copy()
     moved[tie] = np.nextafter(h16[tie], np.float16(np.inf))
-    moved[far] = np.nextafter(np.nextafter(h16[far], np.float16(np.inf)), np.float16(np.inf))
+    moved[small] = np.nextafter(np.nextafter(h16[small], np.float16(np.inf)), np.float16(np.inf))
+    moved[big] = (h16[big].astype(np.float32) * (1 + 1.0 / 64)).astype(np.float16)    # ~2 levels of its block
     out, rep = _follow(w, seq, {**acts, key: (q, moved, f16)}, f16_positions=8)
-    assert rep["f16_ties"] == 1 and rep["f16_disagreements"] == 1 and rep["disagreements"] == 1
-    assert rep["f16_max_excess"] < 0.1
+    assert rep["f16_ties"] == 1 and rep["f16_near"] == 1 and rep["f16_disagreements"] == 1, rep
+    assert rep["disagreements"] == 1 and rep["f16_max_excess"] < 0.1 and rep["f16_max_levels"] > 1.5
     assert not np.array_equal(out, logits)
 
 
