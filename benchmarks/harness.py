@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-type", default="f16", help="our KV cache type (llama.cpp runs f16 or q8_0)")
     parser.add_argument("--gemm", choices=["auto", "w8a16", "mma", "dp4a"], default="auto",
                         help="our prefill GEMM: w8a16 (Hopper, f16 activations), mma or dp4a (int8 activations)")
+    parser.add_argument("--prefill-graphs", choices=["on", "off"], default="on",
+                        help="replay repeated prefill chunk lengths from CUDA graphs (off: every launch from Python)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default results/<date>_<gpu>_<model>/; one subfolder per model "
                              "when several are given)")
@@ -153,13 +155,15 @@ def kernel_start_settings() -> dict:
 
 
 def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_type: str,
-               gemm: str) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
+               gemm: str, prefill_graphs: bool = True) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
     """Our engine on every test: (test, samples_tps, settings, compile_seconds) per test, and describe()."""
     from ninfer_numba import LLM
 
     kwargs = {"kv_type": kv_type} if kv_type != "f16" else {}
     if gemm != "auto":
         kwargs["gemm"] = gemm
+    if not prefill_graphs and backend == "cuda":
+        kwargs["prefill_graphs"] = False
     t0 = time.perf_counter()
     llm = LLM(model, backend=backend, max_seq=max(t.context for t in tests), **kwargs)
     load_s = time.perf_counter() - t0
@@ -220,7 +224,8 @@ def bench_model(spec: str, args: argparse.Namespace, tests: list[BenchTest], bac
             records.append(rec)
             build = rec["llamacpp_build"]
     log(f"{label}: ninfer ({backend}) on {path}")
-    results, described = run_ninfer(path, tests, args.reps, backend, args.kv_type, args.gemm)
+    results, described = run_ninfer(path, tests, args.reps, backend, args.kv_type, args.gemm,
+                                    args.prefill_graphs == "on")
     for test, samples, settings, compile_s in results:
         rec = ninfer_record(test, samples, context, settings=settings, compile_seconds=compile_s,
                             llamacpp_build=build)

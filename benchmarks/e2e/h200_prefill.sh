@@ -6,6 +6,7 @@
 #   STAGE=e2e:  llama.cpp build (carry .cache/llama.cpp/src from `python -m benchmarks.llamacpp fetch`) and the
 #               9b and 0.8b files in the background; whole-model GPU tests; the 0.8b file against the
 #               references; then `make bench`; everything packed into $OUT/all.tgz
+#   STAGE=graphs: whole-model GPU tests; our prefill on the 9b file with prefill graphs on and off (no llama.cpp)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -64,6 +65,20 @@ e2e)
   wait $gen; wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
   timeout 300 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench" > "$OUT/make_bench.log" 2>&1
   say "make bench exit $?"; grep -v "^WARNING" "$OUT/make_bench.log" | tail -16
+  tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+  ;;
+graphs)
+  [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
+    > "$OUT/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 120 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-600 | head -8
+  wait $gen
+  for g in on off; do
+    timeout 150 python3 -m ninfer_numba bench --models 9b --tests pp512,pp2048,pp8192 --reps 3 --skip-llamacpp \
+      --prefill-graphs $g --out "$OUT/bench_graphs_$g" > "$OUT/bench_graphs_$g.log" 2>&1
+    say "prefill graphs $g (exit $?):"; grep -E "^\| 9b" "$OUT/bench_graphs_$g.log"
+  done
   tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
   ;;
 ncu)

@@ -4,6 +4,12 @@ At load the weights are repacked and uploaded, every kernel is compiled by a sho
 scratch sequence (reported as ``compile_seconds``), and the decode step — forward of one token, greedy
 argmax written straight into the token buffer the next step's embedding gather reads — is captured once as
 a CUDA graph. A replay then costs ~1 µs per kernel instead of a 20-35 µs numba launch each.
+
+Prefill chunks (``prefill_graphs``, on by default): a chunk length runs eagerly the first time it is seen
+(its kernels compile then), is captured as a CUDA graph the second time and replayed from then on
+(PREFILL_GRAPHS lengths are kept, the least recently used dropped). At a 512-token prompt the ~500 Python
+launches of one forward take longer than the GPU's work; replayed, the GPU sets the pace. Long prompts go
+in chunks of prefill_chunk tokens, so every full chunk after the second is a replay.
 """
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.utils.timing import CudaGraph
+
+PREFILL_GRAPHS = 8                 # prefill chunk lengths kept as captured graphs
 
 
 class CudaRunner:
@@ -40,6 +48,8 @@ class CudaRunner:
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
         self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
+        self._prefill_graphs: dict[tuple, CudaGraph] = {}       # (state, t, logits rows) -> graph, LRU order
+        self._prefill_seen: set[tuple] = set()
         t0 = time.perf_counter()
         scratch = SequenceState(self.config, 8, self.stream)
         scratch.reset(self.stream)
@@ -60,6 +70,7 @@ class CudaRunner:
             with self._graphs[sampled].capture():
                 self._decode_step_kernels(sampled)
         self.stream.synchronize()
+        self._prefill_seen.clear()                             # the scratch state's lengths are not the real one's
         self.compile_seconds = time.perf_counter() - t0
 
     # -- building blocks -------------------------------------------------------------------------------
@@ -98,11 +109,34 @@ class CudaRunner:
         for s in range(0, len(ids), chunk):
             part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
             self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
-            self.model.forward(len(part), st, logits_rows=len(part) if on_chunk else 1, **taps)
+            self._forward_chunk(len(part), st, len(part) if on_chunk else 1, taps)
             lengths.append(len(part))
             if on_chunk:
                 on_chunk(len(part))
         return lengths
+
+    def _forward_chunk(self, t: int, st: SequenceState, logits_rows: int, taps: dict) -> None:
+        """forward(t) of the tokens in buf.tokens[:t]: eagerly, or from a captured graph when this length
+        was seen before (module docstring). Tapped forwards and single tokens always run eagerly."""
+        key = (id(st), t, logits_rows)
+        if taps or t == 1 or SIMULATOR or not self.engine.prefill_graphs:
+            self.model.forward(t, st, logits_rows=logits_rows, **taps)
+            return
+        graph = self._prefill_graphs.pop(key, None)
+        if graph is None and key not in self._prefill_seen:
+            self._prefill_seen.add(key)
+            self.model.forward(t, st, logits_rows=logits_rows)
+            return
+        if graph is None:
+            graph = CudaGraph(self.stream)
+            with graph.capture():                              # records; forward counts host_pos here
+                self.model.forward(t, st, logits_rows=logits_rows)
+            st.host_pos -= t
+            if len(self._prefill_graphs) >= PREFILL_GRAPHS:
+                self._prefill_graphs.pop(next(iter(self._prefill_graphs))).close()
+        self._prefill_graphs[key] = graph
+        graph.launch()
+        st.host_pos += t
 
     def _set_token(self, token: int) -> None:
         """The token the next replay embeds, through the pinned staging word."""

@@ -66,8 +66,9 @@ class LLM:
 
     def describe(self) -> dict:
         e = self.engine_config
-        return {"backend": self.backend, "kv_type": e.kv_type, "gemm": e.gemm, "max_seq": self.max_seq,
-                "prefill_chunk": e.prefill_chunk}
+        gemm = self.runner.model.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
+        return {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
+                "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs}
 
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

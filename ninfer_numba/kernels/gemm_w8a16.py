@@ -264,8 +264,21 @@ def _allow_dynamic_smem(kernel, args, nbytes: int) -> None:
     _OPTED_IN.add(key)
 
 
+@lru_cache(maxsize=None)
 def _sm_count() -> int:
     return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+_WS_BITS: dict = {}                    # id(ws) -> (ws, its flat uint16 view): one view per weight matrix
+
+
+def _scale_bits(ws):
+    """ws [N, K/32] float16 as flat uint16 words, the view made once per array (a prefill forward launches
+    ~130 GEMMs; building device-array views costs host time on each)."""
+    hit = _WS_BITS.get(id(ws))
+    if hit is None or hit[0] is not ws:
+        hit = _WS_BITS[id(ws)] = (ws, ws.view(np.uint16).reshape(-1))
+    return hit[1]
 
 
 def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = None, stream=0) -> None:
@@ -285,7 +298,7 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = No
     if ba not in _ROW_COST:
         raise ValueError(f"ba must be one of {sorted(_ROW_COST)}, not {ba}")
     kernel = _kernel(ba)
-    args = (wq, ws.view(np.uint16).reshape(-1), xh, out, 1 if accumulate else 0)
+    args = (wq, _scale_bits(ws), xh, out, 1 if accumulate else 0)
     nbytes = smem_bytes(ba)
     if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
         _allow_dynamic_smem(kernel, args, nbytes)

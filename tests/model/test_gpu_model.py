@@ -19,12 +19,12 @@ SPEC = TinySpec(n_embd=64, n_layer=4, n_head=2, n_head_kv=1, head_dim=32, n_rot=
                 ssm_heads=16, ssm_state=16, n_vocab=320, tied=False)
 
 
-def _tiny_gpu_llm(tmp_path):
+def _tiny_gpu_llm(tmp_path, **engine):
     """The SPEC model (Q8_0, seed 21) on the cuda backend, prefill in 32-token chunks."""
     from ninfer_numba import LLM
     path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
                       matrix_type=QT.Q8_0)
-    return LLM(path, backend="cuda", max_seq=96, prefill_chunk=32)
+    return LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, **engine)
 
 
 def _rel(a, b):
@@ -81,6 +81,25 @@ def test_device_sampling_matches_host_sampler(tmp_path, cfg):
         toks.append(host.pick(llm.runner.decode(toks[-1])))
     assert device == toks
     assert len(set(toks)) > 1
+
+
+@pytest.mark.gpu
+def test_prefill_graph_replay_matches_eager(tmp_path):
+    """A 70-token prompt in chunks of 32, 32, 6: the second 32 is captured and replayed; a second run
+    replays 32 twice and captures 6; the logits, the position and the next greedy tokens equal an eager-only
+    engine's."""
+    graphs, eager = _tiny_gpu_llm(tmp_path), _tiny_gpu_llm(tmp_path, prefill_graphs=False)
+    prompt = np.random.default_rng(6).integers(0, SPEC.n_vocab, 70).tolist()
+    runs = []
+    for llm in (graphs, graphs, eager):
+        llm.runner.reset()
+        last = llm.runner.prefill(prompt)
+        toks = [int(np.argmax(last))]
+        toks += [llm.runner.decode_greedy(toks[-1]) for _ in range(4)]
+        runs.append((last, toks, llm.runner.state.host_pos))
+    assert len(graphs.runner._prefill_graphs) == 2 and not eager.runner._prefill_graphs   # lengths 32 and 6
+    for last, toks, pos in runs[:2]:
+        assert np.array_equal(last, runs[2][0]) and toks == runs[2][1] and pos == runs[2][2] == 74
 
 
 @pytest.mark.gpu
