@@ -8,6 +8,7 @@ launch function when the working set would otherwise sit in the 60 MB L2.
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,12 +25,18 @@ def _check(result) -> object:
     return result[1] if len(result) == 2 else result[1:]
 
 
+_capturing = 0                  # captures in progress in this process
+_doomed: list = []              # graphs dropped during a capture, destroyed once it ends
+
+
 class CudaGraph:
     """A captured sequence of launches on one numba stream, replayable with ``launch()``.
 
     Usage: ``g = CudaGraph(stream); with g.capture(): kernels...[grid, block, stream](...)``; then
     ``g.launch()``. Every kernel must have run once before capture (compilation and module load are not
-    capturable) and nothing inside may allocate.
+    capturable) and nothing inside may allocate or free. Python's garbage collector is paused during a
+    capture, and a graph released meanwhile is destroyed after it: collecting an old engine there would
+    free device memory or destroy its graphs, which invalidates the capture.
     """
 
     def __init__(self, stream) -> None:
@@ -44,7 +51,11 @@ class CudaGraph:
 
         class _Capture:
             def __enter__(self_inner):
+                global _capturing
                 cu = graph._cu
+                self_inner._gc = gc.isenabled()
+                gc.disable()
+                _capturing += 1
                 self_inner._defer = cuda.defer_cleanup()
                 self_inner._defer.__enter__()
                 _check(cu.cuStreamBeginCapture(graph._handle(),
@@ -59,7 +70,13 @@ class CudaGraph:
                         graph._graph = g
                         graph._exec = _check(cu.cuGraphInstantiate(g, 0))
                 finally:
+                    global _capturing
                     self_inner._defer.__exit__(exc_type, exc, tb)
+                    _capturing -= 1
+                    if self_inner._gc:
+                        gc.enable()
+                    while _capturing == 0 and _doomed:
+                        _doomed.pop().close()
                 return False
 
         return _Capture()
@@ -82,7 +99,12 @@ class CudaGraph:
             cu.cuGraphDestroy(self._graph)
             self._graph = None
 
-    def __del__(self):  # graphs hold driver resources; free them with the object
+    def __del__(self):  # graphs hold driver resources; free them with the object (after any capture)
+        if _capturing:
+            replacement = CudaGraph.__new__(CudaGraph)
+            replacement.__dict__.update(self.__dict__)
+            _doomed.append(replacement)
+            return
         try:
             self.close()
         except Exception:
