@@ -9,10 +9,12 @@ Prefill chunks (``prefill_graphs``, on by default): a chunk length runs eagerly 
 (its kernels compile then), is captured as a CUDA graph the second time and replayed from then on
 (PREFILL_GRAPHS lengths are kept, the least recently used dropped). At a 512-token prompt the ~500 Python
 launches of one forward take longer than the GPU's work; replayed, the GPU sets the pace. Long prompts go
-in chunks of prefill_chunk tokens, so every full chunk after the second is a replay.
+in chunks of prefill_chunk tokens, so every full chunk after the second is a replay. A capture that fails
+(the driver refuses an operation inside it) leaves that length eager, with a notice on stderr.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Iterator
 
@@ -50,6 +52,7 @@ class CudaRunner:
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
         self._prefill_graphs: dict[tuple, CudaGraph] = {}       # (state, t, logits rows) -> graph, LRU order
         self._prefill_seen: set[tuple] = set()
+        self._no_graph: set[tuple] = set()                     # lengths whose capture failed: always eager
         t0 = time.perf_counter()
         scratch = SequenceState(self.config, 8, self.stream)
         scratch.reset(self.stream)
@@ -119,7 +122,7 @@ class CudaRunner:
         """forward(t) of the tokens in buf.tokens[:t]: eagerly, or from a captured graph when this length
         was seen before (module docstring). Tapped forwards and single tokens always run eagerly."""
         key = (id(st), t, logits_rows)
-        if taps or t == 1 or SIMULATOR or not self.engine.prefill_graphs:
+        if taps or t == 1 or SIMULATOR or not self.engine.prefill_graphs or key in self._no_graph:
             self.model.forward(t, st, logits_rows=logits_rows, **taps)
             return
         graph = self._prefill_graphs.pop(key, None)
@@ -128,10 +131,20 @@ class CudaRunner:
             self.model.forward(t, st, logits_rows=logits_rows)
             return
         if graph is None:
+            pos = st.host_pos
             graph = CudaGraph(self.stream)
-            with graph.capture():                              # records; forward counts host_pos here
+            try:
+                with graph.capture():                          # records only; nothing runs yet
+                    self.model.forward(t, st, logits_rows=logits_rows)
+            except Exception as e:                             # this length stays eager from now on
+                st.host_pos = pos
+                self._prefill_seen.discard(key)
+                self._no_graph.add(key)
+                print(f"ninfer: prefill of {t} tokens could not be captured as a CUDA graph ({e}); "
+                      "it runs eagerly", file=sys.stderr, flush=True)
                 self.model.forward(t, st, logits_rows=logits_rows)
-            st.host_pos -= t
+                return
+            st.host_pos = pos
             if len(self._prefill_graphs) >= PREFILL_GRAPHS:
                 self._prefill_graphs.pop(next(iter(self._prefill_graphs))).close()
         self._prefill_graphs[key] = graph
