@@ -54,6 +54,7 @@ from numba import types, uint32
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels import ptx_sm90 as sm90
+from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.quant_ref import QK
@@ -65,7 +66,6 @@ TPB = 256
 GROUP_M = 8                       # activation tiles per rasterization group
 ROW_BYTES = sm90.SWIZZLE_ROW_BYTES
 EPI_ROW = (BW + 4) * 4            # epilogue tile row: 128 floats + 4 (bank shift 4 per row: conflict-free)
-STATIC_SMEM_LIMIT = 48 * 1024
 _OCCUPANCY = {} if SIMULATOR else {"launch_bounds": (TPB, 1)}   # one CTA per SM: up to 255 registers
 
 
@@ -248,22 +248,6 @@ def _choose_ba(m: int, n: int, n_sm: int) -> int:
     return min(_ROW_COST, key=cost)
 
 
-_OPTED_IN: set = set()
-
-
-def _allow_dynamic_smem(kernel, args, nbytes: int) -> None:
-    """Raise the kernel's dynamic shared-memory limit above 48 KiB (numba-cuda has no automatic opt-in)."""
-    from numba.cuda.cudadrv.driver import binding, driver
-    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
-    key = (kernel, argtypes, cuda.get_current_device().id)
-    if key in _OPTED_IN:
-        return
-    cufunc = kernel.compile(argtypes).library.get_cufunc()
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
-    _OPTED_IN.add(key)
-
-
 @lru_cache(maxsize=None)
 def _sm_count() -> int:
     return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
@@ -301,6 +285,6 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = No
     args = (wq, _scale_bits(ws), xh, out, 1 if accumulate else 0)
     nbytes = smem_bytes(ba)
     if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
-        _allow_dynamic_smem(kernel, args, nbytes)
+        allow_dynamic_smem(kernel, args, nbytes)
     grid = -(-m // ba) * -(-n // BW)
     kernel[grid, TPB, stream, nbytes](*args)

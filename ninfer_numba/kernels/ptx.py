@@ -52,6 +52,23 @@ def _element_address(context, builder, aty, ary_val, idx_val, idx_ty):
     return builder.ptrtoint(builder.gep(ary.data, [idx]), _I64)
 
 
+def void_intrinsic(text: str):
+    """An intrinsic taking nothing and returning nothing that emits ``text`` (a fence, a commit, a wait): a side
+    effect with a memory clobber, so the compiler keeps it where it stands among memory accesses."""
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def op(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        return sig, codegen
+    return op
+
+
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 
@@ -110,38 +127,9 @@ def _make_intrinsics():
             return context.get_dummy_value()
         return sig, codegen
 
-    @intrinsic
-    def cp_async_commit(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
-                              side_effect=True)
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        return sig, codegen
-
-    @intrinsic
-    def cp_async_wait_all(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_group 0;", "~{memory}",
-                              side_effect=True)
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        return sig, codegen
-
-    @intrinsic
-    def cp_async_wait_1(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_group 1;", "~{memory}",
-                              side_effect=True)
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        return sig, codegen
+    cp_async_commit = void_intrinsic("cp.async.commit_group;")
+    cp_async_wait_all = void_intrinsic("cp.async.wait_group 0;")
+    cp_async_wait_1 = void_intrinsic("cp.async.wait_group 1;")
 
     @intrinsic
     def ldmatrix_x4(typingctx, smem, idx):

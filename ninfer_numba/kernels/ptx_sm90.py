@@ -50,7 +50,7 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _host_view, _warp_collective
+from ninfer_numba.kernels.ptx import _element_address, _host_view, _warp_collective, void_intrinsic
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
@@ -77,30 +77,14 @@ def _smem_base(context, builder, aty, ary_val):
     return builder.trunc(builder.ptrtoint(sptr, _I64), _I32)
 
 
-def _void_asm(builder, text):
-    fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
-    builder.call(fn, [])
-
-
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 
-    def _simple(text):
-        @intrinsic
-        def op(typingctx):
-            sig = types.void()
-
-            def codegen(context, builder, sig, args):
-                _void_asm(builder, text)
-                return context.get_dummy_value()
-            return sig, codegen
-        return op
-
-    wgmma_fence = _simple("wgmma.fence.sync.aligned;")
-    wgmma_commit = _simple("wgmma.commit_group.sync.aligned;")
-    wgmma_wait_0 = _simple("wgmma.wait_group.sync.aligned 0;")
-    wgmma_wait_1 = _simple("wgmma.wait_group.sync.aligned 1;")
-    fence_proxy_async = _simple("fence.proxy.async.shared::cta;")
+    wgmma_fence = void_intrinsic("wgmma.fence.sync.aligned;")
+    wgmma_commit = void_intrinsic("wgmma.commit_group.sync.aligned;")
+    wgmma_wait_0 = void_intrinsic("wgmma.wait_group.sync.aligned 0;")
+    wgmma_wait_1 = void_intrinsic("wgmma.wait_group.sync.aligned 1;")
+    fence_proxy_async = void_intrinsic("fence.proxy.async.shared::cta;")
 
     def wgmma_rs_f16(n):
         n_acc = n // 2
@@ -199,9 +183,7 @@ def _make_intrinsics():
         def codegen(context, builder, sig, args):
             addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
                                context.cast(builder, args[1], sig.args[1], types.uint32))
-            g = context.make_array(sig.args[2])(context, builder, value=args[2])
-            gi = context.cast(builder, args[3], sig.args[3], types.intp)
-            gaddr = builder.ptrtoint(builder.gep(g.data, [gi]), _I64)
+            gaddr = _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])
             fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _I64]), "cp.async.cg.shared.global [$0], [$1], 16;",
                               "r,l,~{memory}", side_effect=True)
             builder.call(fn, [addr, gaddr])
@@ -214,9 +196,7 @@ def _make_intrinsics():
         sig = ret(arr, idx)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            i = context.cast(builder, args[1], sig.args[1], types.intp)
-            addr = builder.ptrtoint(builder.gep(ary.data, [i]), _I64)
+            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
             fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I64]),
                               "ld.global.nc.v2.u32 {$0, $1}, [$2];", "=r,=r,l")
             res = builder.call(fn, [addr])
@@ -243,9 +223,7 @@ def _make_intrinsics():
         sig = types.void(arr, idx, v0, v1, v2, v3)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            i = context.cast(builder, args[1], sig.args[1], types.intp)
-            addr = builder.ptrtoint(builder.gep(ary.data, [i]), _I64)
+            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
             vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], sig.args[2:])]
             fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64] + [_F32] * 4),
                               "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f,~{memory}", side_effect=True)

@@ -127,3 +127,36 @@ def test_gpu_gemm_w8a16_model_shapes(ba, m, n, k):
 def test_gpu_gemm_w8a16_large_m():
     """M = 4099: many row tiles (several rasterization groups) with a ragged last one; 27B-like K."""
     _run(4099, 1024, 5120, accumulate=True, seed=4099)
+
+
+LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
+
+
+@pytest.mark.skipif(SIMULATOR or gpu_available() or not __import__("os").path.exists(LIBDEVICE),
+                    reason="offline PTX check: needs NVVM + libdevice and no GPU (a GPU runs the real tests)")
+@pytest.mark.parametrize("ba", [128, 256])
+def test_ptx_offline_has_register_operand_wgmma_and_no_local_memory(monkeypatch, ba):
+    """Compile the kernel to sm_90a PTX without a device (test-only patches of numba internals, as
+    test_flash_attn_mma.py): 4 wgmma per stage with A in registers, accumulators and fragments in
+    registers (no local memory)."""
+    import types as pytypes
+
+    import numba.cuda.cudadrv.nvrtc as nvrtc_mod
+    import numba.cuda.cudadrv.nvvm as nvvm_mod
+    import numba.cuda.dispatcher as dispatcher_mod
+    from numba import types
+
+    from ninfer_numba.kernels import gemm_w8a16
+
+    monkeypatch.setattr(dispatcher_mod, "get_current_device",
+                        lambda: pytypes.SimpleNamespace(compute_capability=(9, 0)))
+    monkeypatch.setattr(nvrtc_mod.config, "FORCE_CUDA_CC", (9, 0, "a"))
+    monkeypatch.setattr(nvvm_mod, "get_libdevice", lambda: LIBDEVICE)
+    monkeypatch.setattr(nvvm_mod, "open_libdevice", lambda: open(LIBDEVICE, "rb").read())
+    sig = (types.Array(types.int8, 2, "C"), types.Array(types.uint16, 1, "C"), types.Array(types.float16, 2, "C"),
+           types.Array(types.float32, 2, "C"), types.int64)
+    ptx_text, _ = cuda.compile_ptx(gemm_w8a16._kernel(ba).py_func, sig, cc=(9, 0, "a"), launch_bounds=(256, 1))
+    calls = [line for line in ptx_text.splitlines() if "wgmma.mma_async" in line]
+    assert len(calls) == 8 and all(f"m64n{ba}k16.f32.f16.f16" in c for c in calls)   # 4 per unrolled half
+    assert all("}, {" in c for c in calls)                       # A is a register list, not a descriptor
+    assert "ld.local" not in ptx_text and "st.local" not in ptx_text

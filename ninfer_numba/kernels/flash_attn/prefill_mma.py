@@ -45,13 +45,13 @@ from numba import types
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import ldmatrix_x4, ldmatrix_x4_trans, mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 N_WARPS = 4                  # warps per block; each owns one m16 tile of query rows
 BK = 64                      # keys per tile: 8 n8 tiles of S, 4 k16 steps of P V
 MAX_D = 256                  # O is D/2 float32 registers per lane: 128 at D = 256
-STATIC_SMEM_LIMIT = 48 * 1024
 NEG_INF = np.float32(-np.inf)
 LOG2E = 1.4426950408889634
 
@@ -276,23 +276,6 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
     return kernel
 
 
-_OPTED_IN: set = set()
-
-
-def _allow_dynamic_smem(kernel, args, nbytes: int) -> None:
-    """Raise the kernel's dynamic shared-memory limit above 48 KiB (no automatic opt-in in numba-cuda,
-    reference/numba-cuda.md §7); once per argument types and device."""
-    from numba.cuda.cudadrv.driver import binding, driver
-    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
-    key = (kernel, argtypes, cuda.get_current_device().id)
-    if key in _OPTED_IN:
-        return
-    cufunc = kernel.compile(argtypes).library.get_cufunc()
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
-    _OPTED_IN.add(key)
-
-
 def attention_prefill_mma(q, k_cache, v_cache, pos0_buf, proj, out, *, stream=0) -> None:
     """Gated causal attention of T queries at positions pos0..pos0+T-1 over cache rows [0, pos0+T).
 
@@ -320,5 +303,5 @@ def launch_prefill_mma(q, k_cache, v_cache, pos0_buf, proj, out, *, stream=0, n_
     nbytes = smem_bytes(D, n_warps)
     args = (q, k_cache, v_cache, pos0_buf, proj, out)
     if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
-        _allow_dynamic_smem(kernel, args, nbytes)
+        allow_dynamic_smem(kernel, args, nbytes)
     kernel[launch_grid(T, H, n_warps), 32 * n_warps, stream, nbytes](*args)
