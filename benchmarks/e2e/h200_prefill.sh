@@ -7,6 +7,9 @@
 #               9b and 0.8b files in the background; whole-model GPU tests; the 0.8b file against the
 #               references; then `make bench`; everything packed into $OUT/all.tgz
 #   STAGE=graphs: whole-model GPU tests; our prefill on the 9b file with prefill graphs on and off (no llama.cpp)
+#   STAGE=accept: the GEMM issue's end-to-end acceptance in one call (~9 minutes): llama.cpp build (carry
+#               .cache/llama.cpp/src), the 9b and 27b files and the whole-model GPU tests, then `make bench` on
+#               the 9b file and both engines on the 27b file (pp2048, tg128); packed into $OUT/all.tgz
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -79,6 +82,27 @@ graphs)
       --prefill-graphs $g --out "$OUT/bench_graphs_$g" > "$OUT/bench_graphs_$g.log" 2>&1
     say "prefill graphs $g (exit $?):"; grep -E "^\| 9b" "$OUT/bench_graphs_$g.log"
   done
+  tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+  ;;
+accept)
+  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
+  build=$!
+  rm -f /tmp/ninfer_9b_ready
+  ( [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
+    touch /tmp/ninfer_9b_ready
+    [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
+  ) > "$OUT/make_models.log" 2>&1 &
+  gen=$!
+  timeout 120 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-600 | head -8
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
+  while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
+  timeout 240 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench9" > "$OUT/make_bench.log" 2>&1
+  say "make bench exit $?"; grep -E "^\| 9b" "$OUT/make_bench.log"
+  wait $gen
+  timeout 200 python3 -m ninfer_numba bench --models 27b --tests pp2048,tg128 --reps 3 --out "$OUT/bench27" \
+    > "$OUT/bench_27b.log" 2>&1
+  say "27b exit $?"; grep -E "^\| 27b" "$OUT/bench_27b.log"
   tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
   ;;
 ncu)
