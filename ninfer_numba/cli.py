@@ -6,8 +6,10 @@ A thin layer over the Python API (``LLM``, ``SamplingParams``, ``write_synthetic
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -51,10 +53,32 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _parse_tokens(s: str) -> list[int]:
+    parts = s.replace(" ", "").split(",")
     try:
-        return [int(t) for t in s.replace(" ", "").split(",") if t]
+        if not all(parts):
+            raise ValueError
+        return [int(t) for t in parts]
     except ValueError:
-        raise ValueError(f"--tokens must be comma-separated integers, got {s!r}") from None
+        raise ValueError(f"--tokens must be comma-separated integers (no empty entries), got {s!r}") from None
+
+
+def _output_file(path: str) -> Path:
+    """A file path to write: its folder is created when missing (as make-model does); a folder is refused."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{path} is a folder; give a file name")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be an integer in 1..65535, not {text!r}")
+    return port
 
 
 def _cmd_logits(a: argparse.Namespace) -> int:
@@ -62,15 +86,17 @@ def _cmd_logits(a: argparse.Namespace) -> int:
     ids = _parse_tokens(a.tokens)
     llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)))
     out = llm.logits(ids).astype(np.float32)
-    np.save(a.out, out)
-    print(f"wrote {a.out}: float32 {list(out.shape)}", file=sys.stderr)
+    target = _output_file(a.out)
+    with open(target, "wb") as f:              # exactly this name (np.save would append .npy)
+        np.save(f, out)
+    print(f"wrote {target}: float32 {list(out.shape)}", file=sys.stderr)
     return 0
 
 
 def _cmd_make_model(a: argparse.Namespace) -> int:
     from ninfer_numba.synth import stderr_progress, write_synthetic_gguf
     tied = None if a.tied is None else a.tied == "tied"
-    path = write_synthetic_gguf(a.out, a.shape, seed=a.seed, vocab=not a.no_vocab, tied=tied,
+    path = write_synthetic_gguf(_output_file(a.out), a.shape, seed=a.seed, vocab=not a.no_vocab, tied=tied,
                                 progress=stderr_progress)
     print(path)
     return 0
@@ -106,7 +132,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
     llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
-    serve(llm, host=a.host, port=a.port, api_key=a.api_key)
+    serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None)
     return 0
 
 
@@ -134,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser("logits", help="write the logits after every position to a .npy file")
     _add_engine_args(lg)
     lg.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 5,17,200")
-    lg.add_argument("--out", required=True, help="output .npy (float32 [n_tokens, vocab])")
+    lg.add_argument("--out", required=True, help="output file, NumPy .npy format (float32 [n_tokens, vocab])")
     lg.set_defaults(fn=_cmd_logits)
 
     m = sub.add_parser("make-model", help="write a synthetic random-weight qwen35 GGUF")
@@ -153,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _add_engine_args(s)
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None, help="require this bearer token")
+    s.add_argument("--port", type=_port, default=8000)
+    s.add_argument("--api-key", default=None,
+                   help="require this bearer token (or set NINFER_API_KEY, which keeps it out of `ps`)")
     s.set_defaults(fn=_cmd_serve)
 
     b = sub.add_parser("bench", help="benchmark against llama.cpp on the same GGUF")
@@ -164,12 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _one_line(e: BaseException) -> str:
+    """An error message on one printable line: names read from a corrupted file can hold newlines and
+    control bytes, which are shown escaped; long messages are cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(e).split()))
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except (ModelFormatError, ValueError, FileNotFoundError, BackendUnavailableError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

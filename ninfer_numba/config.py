@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 ARCH = "qwen35"
 
 
@@ -19,14 +21,22 @@ class BackendUnavailableError(RuntimeError):
     """The cuda backend cannot run here (no GPU or driver, or the wrong numba CUDA target)."""
 
 
-def _scalar_or_first(value: Any, key: str) -> int:
+def _scalar_or_first(value: Any, key: str) -> Any:
     """Per-layer arrays are allowed for some keys; this engine needs them uniform."""
     if isinstance(value, (list, tuple)):
         if not value:
             raise ModelFormatError(f"metadata key {key} is an empty array")
         if len(set(value)) != 1:
             raise ModelFormatError(f"metadata key {key} varies per layer ({sorted(set(value))}); not supported")
-        return int(value[0])
+        return value[0]
+    return value
+
+
+def _int_in(key: str, value: Any, lo: int, hi: int) -> int:
+    """A metadata count or size as an int within [lo, hi]: checked before anything is sized by it (a
+    corrupted block_count of 2^31 would otherwise loop for hours, a head count of 0 divide by zero)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= int(value) <= hi:
+        raise ModelFormatError(f"metadata key {key} = {value!r} must be an integer in [{lo}, {hi}]")
     return int(value)
 
 
@@ -87,25 +97,29 @@ class ModelConfig:
                 raise ModelFormatError(f"required metadata key {p + key} is missing")
             return kv[p + key]
 
-        n_embd = int(req("embedding_length"))
-        n_head = _scalar_or_first(req("attention.head_count"), p + "attention.head_count")
-        n_head_kv = _scalar_or_first(kv.get(p + "attention.head_count_kv", n_head), p + "attention.head_count_kv")
-        head_dim = int(kv.get(p + "attention.key_length", n_embd // n_head))
-        value_dim = int(kv.get(p + "attention.value_length", head_dim))
+        def size(key: str, lo: int, hi: int, default: Any = None) -> int:
+            value = req(key) if default is None else kv.get(p + key, default)
+            return _int_in(p + key, _scalar_or_first(value, p + key), lo, hi)
+
+        n_embd = size("embedding_length", 1, 1 << 18)
+        n_head = size("attention.head_count", 1, 4096)
+        n_head_kv = size("attention.head_count_kv", 1, n_head, n_head)
+        head_dim = size("attention.key_length", 1, 4096, max(n_embd // n_head, 1))
+        value_dim = size("attention.value_length", 1, 4096, head_dim)
         if value_dim != head_dim:
             raise ModelFormatError(f"attention.value_length {value_dim} != key_length {head_dim}")
-        sections = tuple(int(s) for s in req("rope.dimension_sections"))
+        sections = tuple(_int_in(p + "rope.dimension_sections", s, 0, 4096) for s in req("rope.dimension_sections"))
         if len(sections) != 4:
             raise ModelFormatError(f"rope.dimension_sections must have 4 entries, got {len(sections)}")
-        n_rot = int(kv.get(p + "rope.dimension_count", head_dim))
-        if n_rot % 2 or n_rot > head_dim:
+        n_rot = size("rope.dimension_count", 0, head_dim, head_dim)
+        if n_rot % 2:
             raise ModelFormatError(f"rope.dimension_count {n_rot} must be even and <= head_dim {head_dim}")
         if sum(sections[:3]) < n_rot // 2:
             raise ModelFormatError(f"rope sections {sections} cover fewer than {n_rot // 2} rotary pairs")
-        ssm_state = int(req("ssm.state_size"))
-        ssm_heads = int(req("ssm.time_step_rank"))
-        ssm_groups = int(req("ssm.group_count"))
-        if int(req("ssm.inner_size")) != ssm_state * ssm_heads:
+        ssm_state = size("ssm.state_size", 1, 4096)
+        ssm_heads = size("ssm.time_step_rank", 1, 4096)
+        ssm_groups = size("ssm.group_count", 1, ssm_heads)
+        if size("ssm.inner_size", 1, 1 << 24) != ssm_state * ssm_heads:
             raise ModelFormatError("ssm.inner_size must equal ssm.state_size × ssm.time_step_rank")
         if ssm_heads % ssm_groups:
             raise ModelFormatError(f"ssm.time_step_rank {ssm_heads} is not a multiple of group_count {ssm_groups}")
@@ -117,16 +131,21 @@ class ModelConfig:
             n_vocab = len(tokens)
         if n_vocab is None:
             raise ModelFormatError("no vocabulary: neither tokenizer.ggml.tokens nor qwen35.vocab_size is present")
+        n_vocab = _int_in(p + "vocab_size", n_vocab, 1, 1 << 24)
+        # every layer has tensors, so a file with T tensors has fewer than T layers
+        n_layer = size("block_count", 1, min(4096, len(tensor_names)) if tensor_names is not None else 4096)
+        eps = req("attention.layer_norm_rms_epsilon")
+        if not isinstance(eps, (int, float)) or not 0 < float(eps) < 1:
+            raise ModelFormatError(f"metadata key {p}attention.layer_norm_rms_epsilon = {eps!r} must be in (0, 1)")
         tied = tensor_names is not None and "output.weight" not in tensor_names
         return cls(
-            n_vocab=int(n_vocab), n_embd=n_embd, n_layer=int(req("block_count")),
-            n_ff=_scalar_or_first(req("feed_forward_length"), p + "feed_forward_length"),
+            n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_ff=size("feed_forward_length", 1, 1 << 20),
             n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
             rope_base=float(kv.get(p + "rope.freq_base", 10000.0)), rope_sections=sections,
-            rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-            conv_kernel=int(req("ssm.conv_kernel")), ssm_state=ssm_state, ssm_groups=ssm_groups,
-            ssm_heads=ssm_heads, full_attn_interval=int(kv.get(p + "full_attention_interval", 4)),
-            context_length=int(req("context_length")), tied_embeddings=tied,
+            rms_eps=float(eps), conv_kernel=size("ssm.conv_kernel", 1, 64), ssm_state=ssm_state,
+            ssm_groups=ssm_groups, ssm_heads=ssm_heads,
+            full_attn_interval=size("full_attention_interval", 1, 4096, 4),
+            context_length=size("context_length", 1, 1 << 24), tied_embeddings=tied,
             name=str(kv.get("general.name", "")),
         )
 

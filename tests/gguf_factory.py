@@ -82,9 +82,13 @@ def is_matrix(name: str, arr: np.ndarray) -> bool:
 
 
 def write_gguf(path, s: TinySpec, tensors: dict[str, np.ndarray], *, matrix_type=QT.F32,
-               arch: str = "qwen35", skip_keys: tuple = (), vocab_tokens: list[str] | None = None) -> str:
-    """Write ``tensors`` with every matrix stored as ``matrix_type`` (others F32)."""
+               arch: str = "qwen35", skip_keys: tuple = (), vocab_tokens: list[str] | None = None,
+               alignment: int | None = None) -> str:
+    """Write ``tensors`` with every matrix stored as ``matrix_type`` (others F32); ``alignment`` writes an
+    explicit general.alignment."""
     w = gguf.GGUFWriter(str(path), arch)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
     keys = {
         "context_length": lambda: w.add_context_length(4096),
         "embedding_length": lambda: w.add_embedding_length(s.n_embd),

@@ -42,6 +42,8 @@ class LLM:
         self.engine_config = EngineConfig(backend=backend, max_seq=max_seq, **engine_kwargs)
         self.weights = open_model(self.path)
         self.config = self.weights.config
+        if max_seq > self.config.context_length:
+            raise ValueError(f"max_seq {max_seq} exceeds the model's context length {self.config.context_length}")
         kv = self.weights.file.kv
         from ninfer_numba.formats.tokenizer import Tokenizer
         self.tokenizer = Tokenizer.from_gguf_kv(kv)

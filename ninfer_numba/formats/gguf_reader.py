@@ -4,9 +4,14 @@ The type codes, quant block sizes and alignment rules come from the ``gguf`` pac
 our own because ``gguf.GGUFReader`` builds a NumPy view per array element and takes ~13 s on a file that
 carries the 248,320-token Qwen vocabulary and its merges, where this parser takes well under a second.
 Tensor data is never copied: ``GGUFFile.tensor_bytes`` returns a view into one read-only ``np.memmap``.
+
+Every count and size in the header is checked against what the file can hold before anything is allocated
+or looped over (a corrupted count of 2^63 entries fails at once instead of running out of memory), the
+alignment must be a power of two and every tensor's data must start on it and end inside the file.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -20,6 +25,9 @@ from ninfer_numba.config import ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4                    # GGML_MAX_DIMS
+MIN_KV_BYTES = 13               # key length (8) + one key byte + value type (4)
+MIN_TENSOR_INFO_BYTES = 33      # name length (8) + one name byte + n_dims (4) + one dim (8) + type (4) + offset (8)
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -65,20 +73,40 @@ class _Cursor:
     def scalar(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
-    def string(self) -> str:
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def count(self, what: str, min_bytes: int) -> int:
+        """A uint64 count of items of at least min_bytes each, checked against the bytes left."""
         n = self.scalar("<Q")
+        if n * min_bytes > self.left:
+            raise ModelFormatError(f"{self.path}: corrupted GGUF header: {n} {what} at byte {self.pos} would "
+                                   f"need at least {n * min_bytes} bytes, the file has {self.left} left")
+        return n
+
+    def string(self) -> str:
+        n = self.count("string bytes", 1)
         return bytes(self.take(n)).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
-        vtype = GGUFValueType(vtype)
+    def value_type(self) -> GGUFValueType:
+        raw = self.scalar("<I")
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise ModelFormatError(f"{self.path}: corrupted GGUF header: unknown value type {raw} at byte "
+                                   f"{self.pos - 4}") from None
+
+    def value(self, vtype: GGUFValueType) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
-            etype = GGUFValueType(self.scalar("<I"))
-            count = self.scalar("<Q")
+            etype = self.value_type()
             if etype in _NUMPY_ARRAY_TYPES:
                 dt = np.dtype(_NUMPY_ARRAY_TYPES[etype])
+                count = self.count("array elements", dt.itemsize)
                 return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).tolist()
+            count = self.count("array elements", 8 if etype == GGUFValueType.STRING else 12)
             return [self.value(etype) for _ in range(count)]
         return self.scalar(_SCALAR_FORMATS[vtype])
 
@@ -103,21 +131,32 @@ class GGUFFile:
         self.version = cur.scalar("<I")
         if self.version not in (2, 3):
             raise ModelFormatError(f"{self.path}: GGUF version {self.version} is not supported (2 or 3)")
-        n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+        n_tensors = cur.count("tensors", MIN_TENSOR_INFO_BYTES)
+        n_kv = cur.count("metadata entries", MIN_KV_BYTES)
         self.kv: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
-            self.kv[key] = cur.value(cur.scalar("<I"))
+            self.kv[key] = cur.value(cur.value_type())
         infos = []
         for _ in range(n_tensors):
             name = cur.string()
-            ne = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+            n_dims = cur.scalar("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise ModelFormatError(f"{self.path}: tensor {name} has {n_dims} dimensions (1 to {MAX_DIMS})")
+            ne = [cur.scalar("<Q") for _ in range(n_dims)]
             raw_type, rel_offset = cur.scalar("<I"), cur.scalar("<Q")
             infos.append((name, ne, raw_type, rel_offset))
-        align = int(self.kv.get("general.alignment", DEFAULT_ALIGNMENT))
+        align = self.kv.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or align < 1 or align & (align - 1) or align > 1 << 20:
+            raise ModelFormatError(f"{self.path}: general.alignment {align!r} is not a power of two")
         data_start = (cur.pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, ne, raw_type, rel_offset in infos:
+            if name in self.tensors:
+                raise ModelFormatError(f"{self.path}: tensor {name} appears twice")
+            if rel_offset % align:
+                raise ModelFormatError(f"{self.path}: tensor {name} data offset {rel_offset} is not a multiple "
+                                       f"of general.alignment {align}")
             self.tensors[name] = self._tensor_info(name, ne, raw_type, data_start + rel_offset)
 
     def _tensor_info(self, name: str, ne: list[int], raw_type: int, offset: int) -> TensorInfo:
@@ -126,7 +165,7 @@ class GGUFFile:
         except ValueError:
             raise ModelFormatError(f"{self.path}: tensor {name} has unknown ggml type {raw_type}") from None
         block, type_size = GGML_QUANT_SIZES[gtype]
-        n = int(np.prod(ne)) if ne else 1
+        n = math.prod(ne)                             # Python ints: a corrupted dimension cannot overflow
         if ne and ne[0] % block:
             raise ModelFormatError(f"{self.path}: tensor {name} row length {ne[0]} is not a multiple of "
                                    f"the {gtype.name} block size {block}")
