@@ -187,6 +187,12 @@ class Tokenizer:
         """Every token matched whole in text when parse_special is on: control plus user-defined (<think>...)."""
         return self._added_ids
 
+    def added_texts(self, *, control_only: bool = False) -> tuple[str, ...]:
+        """The strings parse_special matches as whole tokens (control only, or with the user-defined ones such
+        as <think>), longest first so that a longer one is replaced before a shorter one inside it."""
+        ids = self._special_ids if control_only else self._added_ids
+        return tuple(sorted({self._tokens[i] for i in ids if self._tokens[i]}, key=len, reverse=True))
+
     def token_id(self, text: str) -> int | None:
         """The id whose piece is exactly ``text`` (an added token's content or one BPE token), else None."""
         if text in self._added_by_text:

@@ -1,8 +1,9 @@
 """The FastAPI app: OpenAI endpoints, llama-server style /health, /tokenize and /detokenize, API-key check.
 
 Every error leaves in OpenAI's shape {"error": {"message", "type", "param", "code"}}: malformed requests as 400,
-a bad key as 401, unknown models and paths as 404. Server-side failures are 500 with `x-should-retry: false`,
-because the OpenAI SDK would otherwise resend the same request twice.
+a bad key as 401, unknown models and paths as 404, a body over the size limit as 413 (refused from its
+Content-Length before it is read, or as soon as a chunked body passes the limit). Server-side failures are
+500 with `x-should-retry: false`, because the OpenAI SDK would otherwise resend the same request twice.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ninfer_numba.server import completions
 from ninfer_numba.server.chat import build_chat_prompt
@@ -28,6 +30,13 @@ from ninfer_numba.server.worker import GenerationWorker
 
 log = logging.getLogger("ninfer_numba.server")
 OPEN_PATHS = frozenset({"/health", "/v1/health"})   # answered without an API key, for load balancers
+MIN_BODY_LIMIT = 2 << 20                               # bytes; raised to 32 bytes per token of context
+
+
+def body_limit(max_seq: int) -> int:
+    """The largest request body accepted: room for a prompt filling the context (a token is ~4 bytes of text,
+    JSON escaping can multiply that), and never less than 2 MiB."""
+    return max(MIN_BODY_LIMIT, 32 * max_seq)
 
 
 class ServerState:
@@ -47,11 +56,16 @@ class ServerState:
         self.worker = GenerationWorker(llm)
 
     async def read_json(self, request: Request) -> Any:
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            raise APIError(400, "the client disconnected before the request body arrived") from None
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise APIError(400, "the request body is nested too deeply") from None
 
     def check_model(self, model: str | None) -> None:
         if model and model not in self.accepted_ids:
@@ -93,6 +107,37 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodyLimitMiddleware:
+    """413 for a request body over ``max_bytes``: at once from its Content-Length, or while a chunked body
+    streams in (plain ASGI: it must not buffer anything itself)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await _error_response(self._too_large())(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise self._too_large()
+            return message
+        await self.app(scope, counted, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body is larger than {self.max_bytes} bytes", code="request_too_large")
+
+
 def _error_response(err: APIError) -> JSONResponse:
     headers = {"x-should-retry": "false"} if err.status >= 500 else None
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
@@ -110,8 +155,9 @@ def create_app(llm, *, api_key: str | None = None, model_id: str | None = None) 
     app = FastAPI(title="ninfer_numba", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
 
+    app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit(llm.max_seq))
     if api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)    # outermost: a bad key is refused first
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):

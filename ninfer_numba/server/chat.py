@@ -8,12 +8,20 @@ templates do not implement themselves and which is stripped here.
 
 tool_choice "none" leaves the tools out of the prompt; "required" and a named function start the assistant
 turn with the call header, rendered with thinking off so that the call is the first thing the turn holds.
+
+Special tokens in message content are text: a user who writes ``<|im_end|><|im_start|>system`` gets those
+characters, not a new turn. Before rendering, every special-token string in content (every added token in
+user and tool messages; the control tokens in system and assistant messages, whose <think> markers the
+template itself splits on) is replaced by a placeholder the template cannot mistake, ``\ue000<nonce>:<n>\ue001``
+with a per-request random nonce; ``ChatPrompt.encode`` encodes the template's text with its special tokens
+and each placeholder's string as plain text. ``parse_special: true`` in the request opts out.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jinja2
@@ -30,6 +38,9 @@ _RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "enab
 _TEMPLATE_ERRORS = (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError)
 
 
+_PLACEHOLDER = re.compile("\ue000([0-9a-f]{16}):([0-9]+)\ue001")
+
+
 @dataclass
 class ChatPrompt:
     text: str
@@ -37,10 +48,43 @@ class ChatPrompt:
     tools: dict[str, dict[str, Any]] | None = None   # function name -> OpenAI function object; None: not parsed
     start_in_call: bool = False
     forced_function: str | None = None
+    literals: list[str] = field(default_factory=list)   # special-token strings from content, as placeholders
+    nonce: str = ""
 
     def parser(self) -> ChatOutputParser:
         return ChatOutputParser(start_in_reasoning=self.thinking, tools=self.tools,
                                 start_in_call=self.start_in_call, forced_function=self.forced_function)
+
+    def encode(self, tokenizer) -> list[int]:
+        """Token ids: the template's text with special tokens parsed, the content's special strings as text."""
+        ids: list[int] = []
+        at = 0
+        for m in _PLACEHOLDER.finditer(self.text):
+            if m.group(1) != self.nonce:
+                continue
+            ids += tokenizer.encode(self.text[at:m.start()], parse_special=True)
+            ids += tokenizer.encode(self.literals[int(m.group(2))], parse_special=False)
+            at = m.end()
+        return ids + tokenizer.encode(self.text[at:], parse_special=True)
+
+
+def protect_special_text(messages: list[dict[str, Any]], control: tuple[str, ...], added: tuple[str, ...]):
+    """Replace special-token strings in message content by placeholders (module docstring): -> (messages,
+    literals, nonce). control / added: Tokenizer.added_texts(control_only=True) / added_texts()."""
+    nonce = secrets.token_hex(8)
+    literals: list[str] = []
+    for msg in messages:
+        specials = added if msg["role"] in ("user", "tool") else control
+        text = msg.get("content")
+        if not isinstance(text, str) or not specials:
+            continue
+        pattern = re.compile("|".join(re.escape(t) for t in specials))
+
+        def hide(m: re.Match) -> str:
+            literals.append(m.group(0))
+            return f"\ue000{nonce}:{len(literals) - 1}\ue001"
+        msg["content"] = pattern.sub(hide, text)
+    return messages, literals, nonce
 
 
 def default_renderer() -> Callable[..., str]:
@@ -176,8 +220,14 @@ def _tool_choice(req: ChatCompletionRequest, tools: dict[str, dict[str, Any]]) -
 
 
 def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
-                      render: Callable[..., str] | None = None) -> ChatPrompt:
+                      render: Callable[..., str] | None = None, tokenizer=None) -> ChatPrompt:
+    """The prompt of a chat request; with a tokenizer (and without the request's parse_special opt-in),
+    special-token strings in content are kept as text (module docstring)."""
     messages = normalize_messages(req.messages)
+    literals, nonce = [], ""
+    if tokenizer is not None and not req.parse_special:
+        messages, literals, nonce = protect_special_text(
+            messages, tokenizer.added_texts(control_only=True), tokenizer.added_texts())
     tools = _validate_tools(req)
     choice, forced = _tool_choice(req, tools)
     thinking = thinking_enabled(req, strip_no_think(messages)) and choice in ("none", "auto")
@@ -194,7 +244,7 @@ def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
     elif choice == "function":
         text += f"{CALL_OPEN}\n<function={forced}>\n"
     return ChatPrompt(text=text, thinking=prompt_ends_in_think(text), tools=tools if choice != "none" else None,
-                      start_in_call=choice == "required", forced_function=forced)
+                      start_in_call=choice == "required", forced_function=forced, literals=literals, nonce=nonce)
 
 
 def prompt_ends_in_think(prompt: str) -> bool:

@@ -48,8 +48,8 @@ async def chat_completions(request: Request, server) -> Any:
     server.check_model(req.model)
     reject_unsupported(req)
     tokenizer = server.require_tokenizer()
-    prompt = build_chat_prompt(req, server.llm.chat_template)
-    ids = tokenizer.encode(prompt.text, parse_special=True)
+    prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
+    ids = await asyncio.to_thread(prompt.encode, tokenizer)     # long prompts: off the event loop
     params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq))
     job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop())
     header = server.header("chat", req)

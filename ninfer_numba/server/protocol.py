@@ -90,6 +90,7 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    parse_special: bool = False     # extension: special-token strings in message content become the tokens
 
 
 class CompletionRequest(_SamplingFields):

@@ -115,3 +115,36 @@ def test_api_key(serve_llm, scripted):
     r = good.chat.completions.create(model="alias", messages=USER, max_tokens=2)
     assert r.model == "alias"
     assert good.chat.completions.create(model=scripted.model_id, messages=USER, max_tokens=2).model == "alias"
+
+
+def test_oversized_deep_and_broken_bodies_are_refused_fast(live):
+    """A 20 MB body is refused (413) from its Content-Length in well under a second while /health answers;
+    a chunked oversized body is refused as it streams; JSON nested 100,000 deep is a 400, not a 500."""
+    import threading
+    import time
+
+    big = b'{"model": "x", "messages": [{"role": "user", "content": "' + b"a" * (20 << 20) + b'"}]}'
+    health: list[float] = []
+
+    def poll():
+        for _ in range(20):
+            t0 = time.perf_counter()
+            httpx.get(live.url + "/health", timeout=5)
+            health.append(time.perf_counter() - t0)
+    poller = threading.Thread(target=poll)
+    poller.start()
+    t0 = time.perf_counter()
+    r = post(live, "/v1/chat/completions", big)
+    took = time.perf_counter() - t0
+    poller.join()
+    assert_openai_error(r, 413)
+    assert took < 1.0, took
+    assert max(health) < 0.5, max(health)
+
+    def chunks():
+        for _ in range(40):
+            yield b" " * (1 << 20)
+    r = httpx.post(live.url + "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"},
+                   timeout=10)
+    assert_openai_error(r, 413)
+    assert_openai_error(post(live, "/v1/chat/completions", b"[" * 100000 + b"]" * 100000), 400)
