@@ -25,9 +25,11 @@ endif
 setup: $(SETUP)
 
 $(VENV)/.installed: pyproject.toml
+	@echo "setup: creating $(VENV) and installing ninfer_numba with its dev extras (a minute or two)"
 	python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q --upgrade pip && $(VENV)/bin/python -m pip install -q -e ".[dev]" && touch $@
 
 .setup-$(notdir $(PYTHON)).stamp: pyproject.toml
+	@echo "setup: installing ninfer_numba into $(PY) $(if $(OFFLINE),from $(WHEELHOUSE) )(a minute or so)"
 	$(PY) -m pip install -q --no-build-isolation $(if $(OFFLINE),--no-index --find-links $(WHEELHOUSE)) -e ".[dev]" && touch $@
 
 # The main job: make the benchmark model(s) and run ours against llama.cpp (9b on a GPU; the CPU reference on a tiny model without one).

@@ -266,8 +266,11 @@ def run(args: argparse.Namespace) -> int:
     for f in files:
         plot.plot_run(f)
         print(plot.markdown_table(plot.load(f)))
+        written = sorted(p.name for p in f.parent.iterdir() if p.is_file())
+        log(f"{f.parent}: {', '.join(written)}")
     if any(RESULTS_DIR in f.parents for f in files):
         plot.write_results_readme(RESULTS_DIR)
+        log(f"updated {RESULTS_DIR / 'README.md'} (results/ does not count as a dirty tree in later records)")
     return 0
 
 

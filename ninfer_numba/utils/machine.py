@@ -72,7 +72,8 @@ def package_versions() -> dict:
 
 
 def git_state(repo: Path = REPO_ROOT) -> dict:
-    """Commit of HEAD and whether tracked files differ from it (untracked files, e.g. results/, do not count).
+    """Commit of HEAD and whether tracked files differ from it; untracked files and results/ (what benchmarks
+    write, results/README.md included) do not count.
 
     NINFER_GIT_COMMIT, when set, names the commit and wins: a copy of the tree sent to a GPU machine may have
     no .git, or a stale one that does not describe the files; dirtiness is then unknown."""
@@ -82,7 +83,7 @@ def git_state(repo: Path = REPO_ROOT) -> dict:
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if commit is None:
         return {"git_commit": None, "git_dirty": None}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"], cwd=repo)
     return {"git_commit": commit.strip(), "git_dirty": None if status is None else bool(status.strip())}
 
 
