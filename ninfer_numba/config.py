@@ -168,7 +168,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         checks = [
             (self.max_tokens >= 0, "max_tokens must be >= 0"),
-            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100]"),
+            (0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2] (as the OpenAI API)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k must be >= 0"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
