@@ -104,7 +104,7 @@ def _kernel(ba: int):
         for b in range(2):
             if uint32(kt * BK + b * QK) < uint32(k):
                 for row in range(2):
-                    w = sm90.ldg_nc_v2_u32(wq, w_src[row] + uint32(kt * BK + b * QK))
+                    w = ptx.ldg_nc_v2_u32(wq, w_src[row] + uint32(kt * BK + b * QK))
                     r_w[4 * row + 2 * b] = w[0]
                     r_w[4 * row + 2 * b + 1] = w[1]
                     r_s[2 * row + b] = uint32(ws_flat[s_src[row] + uint32(kt * 2 + b)])

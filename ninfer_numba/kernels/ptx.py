@@ -7,6 +7,7 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
 - ``ldg_nc_v4_u32(arr, i)``: 16-byte non-coherent load starting at flat element ``i`` of a C-contiguous
   array of any dtype and rank (e.g. 16 int8 of an int8 [N, K] weight, or uint32 ``arr[i:i+4]``), returned as
   four uint32 words; the address must be 16-byte aligned. Only for data no thread writes during the kernel.
+  ``ldg_nc_v2_u32(arr, i)``: the same for 8 bytes (two words, 8-byte aligned).
 - ``mma_s8_16832(a0..a3, b0, b1, c0..c3)``: warp-wide ``mma.sync.m16n8k32`` s8 x s8 -> s32.
 - ``cp_async_16(smem, si, gmem, gi)``, ``cp_async_commit()``, ``cp_async_wait_all()``,
   ``cp_async_wait_1()``: 16-byte async copy from flat element gi of a global array to flat element si of a
@@ -82,19 +83,25 @@ def _make_intrinsics():
             return builder.call(fn, vals)
         return sig, codegen
 
-    @intrinsic
-    def ldg_nc_v4_u32(typingctx, arr, idx):
-        ret = types.UniTuple(types.uint32, 4)
-        sig = ret(arr, idx)
+    def ldg_nc_u32(n):
+        asm = (f"ld.global.nc.v{n}.u32 {{{', '.join(f'${i}' for i in range(n))}}}, [${n}];")
 
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            sty = ir.LiteralStructType([_I32] * 4)
-            fn = ir.InlineAsm(ir.FunctionType(sty, [_I64]), "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
-                              "=r,=r,=r,=r,l")
-            res = builder.call(fn, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
+        @intrinsic
+        def ldg(typingctx, arr, idx):
+            ret = types.UniTuple(types.uint32, n)
+            sig = ret(arr, idx)
+
+            def codegen(context, builder, sig, args):
+                addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * n), [_I64]), asm,
+                                  ",".join(["=r"] * n + ["l"]))
+                res = builder.call(fn, [addr])
+                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(n)])
+            return sig, codegen
+        return ldg
+
+    ldg_nc_v4_u32 = ldg_nc_u32(4)
+    ldg_nc_v2_u32 = ldg_nc_u32(2)
 
     @intrinsic
     def mma_s8_16832(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -165,7 +172,7 @@ def _make_intrinsics():
     def shfl_xor_f32(v, lane_mask):
         return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
 
-    return (dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
+    return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
 
 
@@ -228,13 +235,13 @@ def _host_view(arr):
     return arr if item is None else item._ary
 
 
-def _sim_bytes16(arr, idx):
-    """The 16 bytes starting at flat element idx of a C-contiguous array, as a writable uint8 view."""
+def _sim_bytes16(arr, idx, n=16):
+    """The n (16) bytes starting at flat element idx of a C-contiguous array, as a writable uint8 view."""
     a = _host_view(arr)
     start = int(idx) * a.dtype.itemsize
-    if start % 16:
-        raise ValueError(f"16-byte access at byte offset {start} is misaligned")
-    return a.reshape(-1).view(np.uint8)[start:start + 16]
+    if start % n:
+        raise ValueError(f"{n}-byte access at byte offset {start} is misaligned")
+    return a.reshape(-1).view(np.uint8)[start:start + n]
 
 
 def _wrap_s32(v):
@@ -260,6 +267,11 @@ def _make_fallbacks():
     def ldg_nc_v4_u32(arr, idx):
         w = _sim_bytes16(arr, idx).view(np.uint32)
         return w[0], w[1], w[2], w[3]
+
+    @cuda.jit(device=True)
+    def ldg_nc_v2_u32(arr, idx):
+        w = _sim_bytes16(arr, idx, 8).view(np.uint32)
+        return w[0], w[1]
 
     @cuda.jit(device=True)
     def mma_s8_16832(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -301,7 +313,7 @@ def _make_fallbacks():
         lane, vals = _warp_collective(float(v), list)
         return np.float32(vals[lane ^ lane_mask])
 
-    return (dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
+    return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
 
 
@@ -335,5 +347,5 @@ def _accept_shared_alignment():
 if SIMULATOR:
     _accept_shared_alignment()
 
-(dp4a, ldg_nc_v4_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_1,
- ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32) = _make_fallbacks() if SIMULATOR else _make_intrinsics()
+(dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
+ cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32) = _make_fallbacks() if SIMULATOR else _make_intrinsics()

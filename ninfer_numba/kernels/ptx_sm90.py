@@ -23,8 +23,6 @@ On a GPU every name is an ``@intrinsic`` emitting PTX through ``llvmlite.ir.Inli
 - ``cp_async_16b(smem, byte, gmem, gi)``: 16-byte ``cp.async`` from flat element gi of a global array to
   ``byte`` past ``smem[0]`` (kernels/ptx.py's ``cp_async_16`` addresses shared memory by element and pays a
   generic-to-shared conversion per call; this one adds a byte offset to the array's shared address).
-- ``ldg_nc_v2_u32(arr, i)``: 8-byte non-coherent load at flat element i of a global array (8-byte aligned),
-  as two uint32 (kernels/ptx.py has the 16-byte form).
 - ``ld_shared_v4_f32(smem, byte)`` -> four float32 from one 16-byte shared load; ``st_global_v4_f32(arr, i,
   v0, v1, v2, v3)``: one 16-byte store at flat element i of a float32 global array (16-byte aligned).
 - ``dequant_i8x4(word, scale2)``: four int8 (the bytes of ``word``, low first) times the f16 scale held
@@ -191,19 +189,6 @@ def _make_intrinsics():
         return sig, codegen
 
     @intrinsic
-    def ldg_nc_v2_u32(typingctx, arr, idx):
-        ret = types.UniTuple(types.uint32, 2)
-        sig = ret(arr, idx)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I64]),
-                              "ld.global.nc.v2.u32 {$0, $1}, [$2];", "=r,=r,l")
-            res = builder.call(fn, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
-        return sig, codegen
-
-    @intrinsic
     def ld_shared_v4_f32(typingctx, smem, byte):
         ret = types.UniTuple(types.float32, 4)
         sig = ret(smem, byte)
@@ -254,7 +239,7 @@ def _make_intrinsics():
         return sig, codegen
 
     return (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
-            fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ldg_nc_v2_u32, ld_shared_v4_f32,
+            fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32,
             st_global_v4_f32, dequant_i8x4)
 
 
@@ -347,15 +332,6 @@ def _make_fallbacks():
         _smem_bytes(smem)[int(byte):int(byte) + 16] = a.view(np.uint8)[start:start + 16]
 
     @cuda.jit(device=True)
-    def ldg_nc_v2_u32(arr, idx):
-        a = _host_view(arr).reshape(-1)
-        start = int(idx) * a.dtype.itemsize
-        if start % 8:
-            raise ValueError(f"8-byte global load at byte offset {start} is misaligned")
-        w = a.view(np.uint8)[start:start + 8].view(np.uint32)
-        return w[0], w[1]
-
-    @cuda.jit(device=True)
     def ld_shared_v4_f32(smem, byte):
         b = int(byte)
         if b % 16:
@@ -380,9 +356,9 @@ def _make_fallbacks():
         return np.uint32(h[0]), np.uint32(h[1])
 
     return (wgmma_rs_f16, acc_zero, acc_store_t, _noop, _noop, _noop, _noop, _noop, smem_u32, st_shared_v4,
-            cp_async_16b, ldg_nc_v2_u32, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4)
+            cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4)
 
 
 (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1, fence_proxy_async,
- smem_u32, st_shared_v4, cp_async_16b, ldg_nc_v2_u32, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4) = (
+ smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())
