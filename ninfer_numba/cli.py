@@ -21,11 +21,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto picks cuda when a GPU is present")
     p.add_argument("--max-seq", type=int, default=4096, help="context capacity in tokens")
+    p.add_argument("--prefill-chunk", type=int, default=2048,
+                   help="tokens per prefill forward on the GPU (activation buffers are sized by it)")
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM, SamplingParams
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, prefill_chunk=a.prefill_chunk)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
     prompt = a.prompt
@@ -84,7 +86,7 @@ def _port(text: str) -> int:
 def _cmd_logits(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     ids = _parse_tokens(a.tokens)
-    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)))
+    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)), prefill_chunk=a.prefill_chunk)
     out = llm.logits(ids).astype(np.float32)
     target = _output_file(a.out)
     with open(target, "wb") as f:              # exactly this name (np.save would append .npy)
@@ -131,7 +133,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, prefill_chunk=a.prefill_chunk)
     serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None)
     return 0
 

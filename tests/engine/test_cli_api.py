@@ -98,3 +98,27 @@ def test_cuda_backend_without_a_gpu_says_so(tiny_novocab, capsys):
         LLM(tiny_novocab, backend="cuda")
     assert main(["generate", "--model", tiny_novocab, "--prompt", "hi", "--backend", "cuda"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["logits", "--tokens", "1,,2", "--out", "{tmp}/x.npy"], "no empty entries"),
+    (["logits", "--tokens", "1,2", "--out", "{tmp}"], "is a folder"),
+    (["logits", "--tokens", "1,2", "--out", "{tmp}/x.npy", "--max-seq", "100000000"], "context length"),
+    (["logits", "--tokens", "1,2", "--out", "{tmp}/x.npy", "--prefill-chunk", "0"], "prefill_chunk"),
+], ids=["empty-token", "out-folder", "max-seq", "prefill-chunk"])
+def test_cli_bad_arguments_are_one_line_errors(tiny_model, tmp_path, capsys, argv, message):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main([argv[0], "--model", tiny_model, "--backend", "cpu", *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_logits_out_is_the_exact_name_and_its_folder_is_made(tiny_model, tmp_path):
+    out = tmp_path / "new" / "x.txt"
+    assert main(["logits", "--model", tiny_model, "--backend", "cpu", "--tokens", "1,2", "--out", str(out)]) == 0
+    assert out.exists() and not (tmp_path / "new" / "x.txt.npy").exists() and np.load(out).shape == (2, 248320)
+
+
+def test_serve_port_is_checked():
+    r = _cli("serve", "--model", "x.gguf", "--port", "99999")
+    assert r.returncode == 2 and "port must be an integer in 1..65535" in r.stderr
