@@ -23,30 +23,26 @@ Grids (block (TPB,) = 128 threads everywhere; M == 0 launches nothing):
 
 Numerics: every value is computed in float32 exactly as quant_act computes it, then rounded once to float16,
 to nearest even (cvt.rn: overflow gives +-inf, tiny values become subnormal or +-0; NumPy's
-``astype(np.float16)`` rounds the same way). RMSNorm sums x^2 with quant_act's own loop and
-``_block_sum_f32`` tree over its TPB threads, then r = 1 / sqrt(ss / K + eps) and y = (x · r) · w; SiLU is
+``astype(np.float16)`` rounds the same way). RMSNorm takes r = 1 / sqrt(ss / K + eps) from quant_act's
+``_row_rms_inverse`` (its sum order and tree over TPB threads), then y = (x · r) · w; SiLU is
 quant_act's ``_silu_mul``, g / (1 + exp(-g)) · u. No multiply feeds an add outside the sum of squares and
 every constant is a float32 global, so nothing is contracted or promoted to float64: the float32 value
 before rounding is the one the int8 path quantizes. to_f16 is therefore bit-exact with NumPy; the fused
 kernels differ from NumPy's float32 only in the RMSNorm summation order and the GPU expf, so a result may
 be the other float16 neighbour of the reference (tests/kernels/test_act_f16.py states the rule).
 """
-import math
-
 import numpy as np
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.kernels.quant_act import TPB, _block_sum_f32, _silu_mul
+from ninfer_numba.kernels.quant_act import TPB, _row_rms_inverse, _silu_mul
 from ninfer_numba.kernels.quant_ref import QK, rmsnorm_f16_ref, silu_mul_f16_ref  # noqa: F401
 
-VEC = 4                         # elements per chunk: one 16-byte load, one 8-byte store
+VEC = 4                         # elements per chunk: one 16-byte load, two 4-byte stores
 MAX_BLOCKS = 4096               # to_f16's grid cap (~31 blocks of TPB per H200 SM; the loop covers the rest)
 SPREAD_BLOCKS = 1024            # rows x slices the fused kernels aim for when M is small
-_F0 = np.float32(0.0)
-_F1 = np.float32(1.0)
 
 
 # ---------------------------------------------------------------- device helpers ----------------------
@@ -87,12 +83,7 @@ def _rmsnorm_f16_kernel(x, w, eps, out):
     s_red = cuda.shared.array(TPB, dtype=np.float32)     # [TPB] partial sums of squares
     m = cuda.blockIdx.x
     k = x.shape[1]
-    ss = _F0
-    for i in range(cuda.threadIdx.x, k, TPB):           # quant_act's loop: the same float32 sum
-        v = x[m, i]
-        ss += v * v
-    ss = _block_sum_f32(s_red, ss)
-    r = _F1 / math.sqrt(ss / np.float32(k) + eps)
+    r = _row_rms_inverse(s_red, x, m, eps)               # quant_act's: the same float32 value
     for j in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, k // VEC, TPB * cuda.gridDim.y):
         x0, x1, x2, x3 = _load4(x, m * k + VEC * j)
         w0, w1, w2, w3 = _load4(w, VEC * j)

@@ -53,6 +53,23 @@ def _element_address(context, builder, aty, ary_val, idx_val, idx_ty):
     return builder.ptrtoint(builder.gep(ary.data, [idx]), _I64)
 
 
+_SHARED = 3                     # NVPTX address space of shared memory
+
+
+def shared_address(context, builder, aty, ary_val, idx_val=None, idx_ty=None):
+    """32-bit shared-window address of flat element idx (default 0) of a shared array.
+
+    The array's data pointer is generic; an addrspacecast back to the shared space lets NVVM fold the cast
+    into the shared global itself (32-bit address arithmetic, no cvta per call).
+    """
+    ary = context.make_array(aty)(context, builder, value=ary_val)
+    ptr = ary.data
+    if idx_val is not None:
+        ptr = builder.gep(ptr, [context.cast(builder, idx_val, idx_ty, types.intp)])
+    sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, _SHARED))
+    return builder.trunc(builder.ptrtoint(sptr, _I64), _I32)
+
+
 def void_intrinsic(text: str):
     """An intrinsic taking nothing and returning nothing that emits ``text`` (a fence, a commit, a wait): a side
     effect with a memory clobber, so the compiler keeps it where it stands among memory accesses."""
@@ -348,4 +365,5 @@ if SIMULATOR:
     _accept_shared_alignment()
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
- cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32) = _make_fallbacks() if SIMULATOR else _make_intrinsics()
+ cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32) = (
+    _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -48,12 +48,12 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _element_address, _host_view, _warp_collective, void_intrinsic
+from ninfer_numba.kernels.ptx import (_element_address, _host_view, _warp_collective, shared_address,
+                                      void_intrinsic)
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
-_SHARED = 3                     # NVPTX address space of shared memory
 SWIZZLE_ROW_BYTES = 128         # one row of the swizzled layout: 64 f16
 SWIZZLE_ATOM_BYTES = 1024       # 8 rows: the swizzle pattern's period and the descriptor's stride
 # descriptor bits other than the start address: leading offset 1 (unused when swizzled), stride 1024 B >> 4,
@@ -68,11 +68,10 @@ def swizzled_offset(row: int, chunk: int) -> int:
 
 # ---------------------------------------------------------------- GPU: inline PTX ---------------------
 
-def _smem_base(context, builder, aty, ary_val):
-    """32-bit shared-window address of element 0 of a shared array (addrspacecast lets NVVM fold it)."""
-    ary = context.make_array(aty)(context, builder, value=ary_val)
-    sptr = builder.addrspacecast(ary.data, ir.PointerType(ary.data.type.pointee, _SHARED))
-    return builder.trunc(builder.ptrtoint(sptr, _I64), _I32)
+def _smem_at(context, builder, sig, args, arr: int, byte: int):
+    """32-bit shared-window address ``args[byte]`` bytes past element 0 of the shared array ``args[arr]``."""
+    return builder.add(shared_address(context, builder, sig.args[arr], args[arr]),
+                       context.cast(builder, args[byte], sig.args[byte], types.uint32))
 
 
 def _make_intrinsics():
@@ -102,8 +101,7 @@ def _make_intrinsics():
             sig = acc_ty(acc, a0, a1, a2, a3, smem, b_byte)
 
             def codegen(context, builder, sig, args):
-                base = _smem_base(context, builder, sig.args[5], args[5])
-                addr = builder.add(base, context.cast(builder, args[6], sig.args[6], types.uint32))
+                addr = _smem_at(context, builder, sig, args, 5, 6)
                 start = builder.and_(builder.lshr(addr, ir.Constant(_I32, 4)), ir.Constant(_I32, 0x3FFF))
                 desc = builder.or_(builder.zext(start, _I64), ir.Constant(_I64, _DESC_FIXED))
                 frag = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[1:5], sig.args[1:5])]
@@ -140,8 +138,7 @@ def _make_intrinsics():
             sig = types.void(acc, smem, byte, row_bytes)
 
             def codegen(context, builder, sig, args):
-                base = builder.add(_smem_base(context, builder, sig.args[1], args[1]),
-                                   context.cast(builder, args[2], sig.args[2], types.uint32))
+                base = _smem_at(context, builder, sig, args, 1, 2)
                 row = context.cast(builder, args[3], sig.args[3], types.uint32)
                 for i in range(n // 2):
                     j, e = i >> 2, i & 3
@@ -157,7 +154,7 @@ def _make_intrinsics():
         sig = types.uint32(smem)
 
         def codegen(context, builder, sig, args):
-            return _smem_base(context, builder, sig.args[0], args[0])
+            return shared_address(context, builder, sig.args[0], args[0])
         return sig, codegen
 
     @intrinsic
@@ -165,8 +162,7 @@ def _make_intrinsics():
         sig = types.void(smem, byte, w0, w1, w2, w3)
 
         def codegen(context, builder, sig, args):
-            addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
-                               context.cast(builder, args[1], sig.args[1], types.uint32))
+            addr = _smem_at(context, builder, sig, args, 0, 1)
             words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
             fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32] * 5), "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
                               "r,r,r,r,r,~{memory}", side_effect=True)
@@ -179,8 +175,7 @@ def _make_intrinsics():
         sig = types.void(smem, byte, gmem, gidx)
 
         def codegen(context, builder, sig, args):
-            addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
-                               context.cast(builder, args[1], sig.args[1], types.uint32))
+            addr = _smem_at(context, builder, sig, args, 0, 1)
             gaddr = _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])
             fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _I64]), "cp.async.cg.shared.global [$0], [$1], 16;",
                               "r,l,~{memory}", side_effect=True)
@@ -194,8 +189,7 @@ def _make_intrinsics():
         sig = ret(smem, byte)
 
         def codegen(context, builder, sig, args):
-            addr = builder.add(_smem_base(context, builder, sig.args[0], args[0]),
-                               context.cast(builder, args[1], sig.args[1], types.uint32))
+            addr = _smem_at(context, builder, sig, args, 0, 1)
             fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32]),
                               "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
                               side_effect=True)

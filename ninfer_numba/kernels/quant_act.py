@@ -92,6 +92,20 @@ def _block_sum_f32(s_red, value):
 
 
 @cuda.jit(device=True, inline=True)
+def _row_rms_inverse(s_red, x, m, eps):
+    """1 / sqrt(mean(x[m]^2) + eps) for row m of x [M, K] float32, over the block's TPB threads (consecutive
+    threads on consecutive addresses, then the shared-memory tree): every kernel that normalizes a row
+    computes it the same way, so their float32 results agree bit for bit."""
+    k = x.shape[1]
+    ss = _F0
+    for i in range(cuda.threadIdx.x, k, TPB):
+        v = x[m, i]
+        ss += v * v
+    ss = _block_sum_f32(s_red, ss)
+    return _F1 / math.sqrt(ss / np.float32(k) + eps)
+
+
+@cuda.jit(device=True, inline=True)
 def _silu_mul(g, u):
     return g / (_F1 + math.exp(-g)) * u
 
@@ -118,12 +132,7 @@ def _rmsnorm_quant_kernel(x, w, eps, xq, xs):
     w_vals = cuda.local.array(QK, dtype=np.float32)      # [32] the matching weights
     m = cuda.blockIdx.x
     k = x.shape[1]
-    ss = _F0
-    for i in range(cuda.threadIdx.x, k, TPB):           # consecutive threads, consecutive addresses
-        v = x[m, i]
-        ss += v * v
-    ss = _block_sum_f32(s_red, ss)
-    r = _F1 / math.sqrt(ss / np.float32(k) + eps)
+    r = _row_rms_inverse(s_red, x, m, eps)
     for b in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, xs.shape[1], TPB * cuda.gridDim.y):
         _load_block(x, m * k + b * QK, vals)
         _load_block(w, b * QK, w_vals)

@@ -31,28 +31,14 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _host_view, _warp_collective
+from ninfer_numba.kernels.ptx import _host_view, _warp_collective, shared_address
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _F32 = ir.FloatType()
-_SHARED = 3                     # NVPTX address space of shared memory
 
 
 # ---------------------------------------------------------------- GPU: inline PTX ---------------------
-
-def _shared_address(context, builder, aty, ary_val, idx_val, idx_ty):
-    """32-bit shared-window address of flat element idx of a shared array.
-
-    The array's data pointer is generic; an addrspacecast back to the shared space lets NVVM fold the cast
-    into the shared global itself (32-bit address arithmetic, no cvta per call).
-    """
-    ary = context.make_array(aty)(context, builder, value=ary_val)
-    idx = context.cast(builder, idx_val, idx_ty, types.intp)
-    ptr = builder.gep(ary.data, [idx])
-    sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, _SHARED))
-    return builder.trunc(builder.ptrtoint(sptr, _I64), _I32)
-
 
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
@@ -84,7 +70,7 @@ def _make_intrinsics():
             sig = ret(smem, idx)
 
             def codegen(context, builder, sig, args):
-                addr = _shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                addr = shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
                 sty = ir.LiteralStructType([_I32] * 4)
                 # a memory read the compiler cannot see: side effect + memory clobber keep it after the
                 # barrier and the cp.async wait that make the tile visible
