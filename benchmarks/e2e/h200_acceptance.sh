@@ -15,12 +15,7 @@
 #   STAGE=9: the tie-following comparison alone (tiny test, 0.8b, 9b)
 # Usage: STAGE=n OUT=dir NINFER_GIT_COMMIT=sha [PACK=file.tgz] bash benchmarks/e2e/h200_acceptance.sh
 # PACK: also write everything under OUT into one archive (for transports that return only a few files).
-set -u
-OUT=${OUT:-results/session}; mkdir -p "$OUT" models
-export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
-say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
-make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
-say "setup done"
+source "$(dirname "$0")/h200_setup.sh"
 case "${STAGE:-1}" in
 1)
   python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &

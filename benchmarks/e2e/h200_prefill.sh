@@ -14,12 +14,7 @@
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_prefill.sh   (carry wheelhouse/ for the offline install)
-set -u
-OUT=${OUT:-results/session}; mkdir -p "$OUT" models
-export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
-say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
-make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
-say "setup done"
+source "$(dirname "$0")/h200_setup.sh"
 case "${STAGE:-gemm}" in
 gemm)
   timeout 90 python3 -m pytest -q -x tests/kernels/test_gemm_w8a16.py -k "small or dequant" -p no:cacheprovider \

@@ -138,7 +138,6 @@ class CudaRunner:
                     self.model.forward(t, st, logits_rows=logits_rows)
             except Exception as e:                             # this length stays eager from now on
                 st.host_pos = pos
-                self._prefill_seen.discard(key)
                 self._no_graph.add(key)
                 print(f"ninfer: prefill of {t} tokens could not be captured as a CUDA graph ({e}); "
                       "it runs eagerly", file=sys.stderr, flush=True)

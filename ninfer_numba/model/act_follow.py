@@ -42,6 +42,7 @@ import numpy as np
 
 from ninfer_numba.kernels.quant_ref import QK, from_fragment_order, quantize_q8_blocks_ref
 from ninfer_numba.model.layer_check import tapped_run
+from ninfer_numba.model.reference import dequantize_activation
 
 POINTS = ("mixer_in", "mixer_out", "ffn_in", "down_in")   # per layer, in the order the matmuls run
 EXCESS_BINS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)            # report: followed elements with excess <= each
@@ -120,8 +121,7 @@ class TieFollower:
         stat.update(elements=int(xq.size), ties=int(tie.sum()), disagreements=int(far.sum()),
                     max_excess=float(excess.max()) if excess.size else 0.0,
                     excess_at_most=[int((excess <= b).sum()) for b in EXCESS_BINS])
-        q = np.where(tie, gq, xq).astype(np.float32)
-        return (q.reshape(t, k // QK, QK) * xs[..., None]).reshape(t, k)
+        return dequantize_activation(np.where(tie, gq, xq), xs)
 
     @staticmethod
     def _follow_f16(h: np.ndarray, gh: np.ndarray, stat: dict) -> np.ndarray:

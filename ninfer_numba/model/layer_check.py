@@ -43,8 +43,9 @@ def tapped_run(runner, ids: list[int], n_gen: int, *, all_rows: bool = False,
     def run(part: list[int], every_row: bool) -> None:
         for n in runner._run_tokens(np.asarray(part, np.int32), runner.state,
                                     on_chunk=keep if every_row else None, **taps):
-            layer_f16.extend([model._act_f16(n)] * n)
-            head_f16.extend([model._act_f16(n)] * n if every_row else [])
+            f16 = model.uses_f16_activations(n)
+            layer_f16.extend([f16] * n)
+            head_f16.extend([f16] * n if every_row else [])
         if not every_row:
             keep(1)
             head_f16.append(False)            # one logits row: the decode path's GEMV

@@ -10,7 +10,8 @@ int8 (rmsnorm_f16, to_f16, silu_mul_f16, in the GEMM's fragment order) and multi
 weights dequantized to float16 inside the GEMM; elsewhere prefill quantizes to int8 like decode.
 Every per-step scalar (position, KV length, the token) lives in a device buffer, so the decode step is
 captured once as a CUDA graph and replayed (engine/cuda_runner.py). The token count decides the path:
-``_act_f16(t)`` (which activations a matmul of t rows takes) and the t == 1 branches of the mixers.
+``uses_f16_activations(t)`` (which activations a matmul of t rows takes) and the t == 1 branches of the
+mixers.
 """
 from __future__ import annotations
 
@@ -115,13 +116,13 @@ class Qwen35Gpu:
             c.n_head, c.n_head_kv, c.head_dim) else attention_prefill
 
     # -- activations and matmuls --------------------------------------------------------------------
-    def _act_f16(self, t: int) -> bool:
+    def uses_f16_activations(self, t: int) -> bool:
         """Whether the matmuls of a t-row forward take float16 activations (the W8A16 prefill GEMM)."""
         return t > 1 and self.gemm_path == "w8a16"
 
     def _norm_act(self, x, w, t: int):
         """RMSNorm of x [t, E] into the activation the next matmul takes: (xh, None) or (xq, xs)."""
-        if self._act_f16(t):
+        if self.uses_f16_activations(t):
             xh = self.buf.act_f16(t, x.shape[1])
             rmsnorm_f16(x, w, self.c.rms_eps, xh, stream=self.stream)
             return xh, None
@@ -131,7 +132,7 @@ class Qwen35Gpu:
 
     def _plain_act(self, y, t: int):
         """y [t, K] float32 (a mixer's output) as the activation of the next matmul."""
-        if self._act_f16(t):
+        if self.uses_f16_activations(t):
             yh = self.buf.act_f16(t, y.shape[1])
             to_f16(y, yh, stream=self.stream)
             return yh, None
@@ -142,7 +143,7 @@ class Qwen35Gpu:
     def _silu_act(self, gu, t: int):
         """silu(gate) * up of gu [t, 2F] as the activation of the down projection."""
         f = gu.shape[1] // 2
-        if self._act_f16(t):
+        if self.uses_f16_activations(t):
             hh = self.buf.act_f16(t, f)
             silu_mul_f16(gu, hh, stream=self.stream)
             return hh, None
@@ -157,8 +158,8 @@ class Qwen35Gpu:
         elif xq.shape[0] == 1:
             gemv_q8(m.wq, m.ws, xq, xs, out.reshape(-1), accumulate=accumulate, stream=self.stream)
         else:
-            path = "auto" if self.gemm_path == "w8a16" else self.gemm_path
-            gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=path, stream=self.stream)
+            # int8 rows > 1 only when gemm_path is not w8a16 (then every such forward makes float16)
+            gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=self.gemm_path, stream=self.stream)
 
     # -- one forward over the tokens already in buf.tokens[:t] ----------------------------------------
     def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1, tap=None, act_tap=None) -> None:

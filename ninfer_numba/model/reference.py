@@ -153,13 +153,19 @@ class ReferenceModel:
                             f16_rows=self._rows(self.f16_head_rows, pos0, len(x)))
 
 
+def dequantize_activation(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """int8 activations [T, K] with their block scales [T, K/32] back to float32, as the matmul sees them."""
+    t, k = xq.shape
+    return (xq.astype(np.float32).reshape(t, k // 32, 32) * xs[..., None]).reshape(t, k)
+
+
 def emulate_activation(h: np.ndarray, f16_rows=None) -> np.ndarray:
     """h [T, K] float32 as the GPU kernels feed it to a matmul: per-32-block int8 quantization (dequantized
     back to float32), or float16 rounding for the rows in f16_rows (bool [T])."""
     from ninfer_numba.kernels.quant_ref import quantize_q8_blocks_ref
-    xq, xs = quantize_q8_blocks_ref(h)
-    t, k = xq.shape
-    a = (xq.astype(np.float32).reshape(t, k // 32, 32) * xs[..., None]).reshape(t, k)
+    int8_rows = slice(None) if f16_rows is None else ~np.asarray(f16_rows, bool)
+    a = np.empty(h.shape, np.float32)
+    a[int8_rows] = dequantize_activation(*quantize_q8_blocks_ref(h[int8_rows]))
     if f16_rows is not None:
         a[f16_rows] = h[f16_rows].astype(np.float16).astype(np.float32)
     return a

@@ -73,17 +73,16 @@ def protect_special_text(messages: list[dict[str, Any]], control: tuple[str, ...
     literals, nonce). control / added: Tokenizer.added_texts(control_only=True) / added_texts()."""
     nonce = secrets.token_hex(8)
     literals: list[str] = []
-    for msg in messages:
-        specials = added if msg["role"] in ("user", "tool") else control
-        text = msg.get("content")
-        if not isinstance(text, str) or not specials:
-            continue
-        pattern = re.compile("|".join(re.escape(t) for t in specials))
+    patterns = {name: re.compile("|".join(re.escape(t) for t in texts)) if texts else None
+                for name, texts in (("control", control), ("added", added))}
 
-        def hide(m: re.Match) -> str:
-            literals.append(m.group(0))
-            return f"\ue000{nonce}:{len(literals) - 1}\ue001"
-        msg["content"] = pattern.sub(hide, text)
+    def hide(m: re.Match) -> str:
+        literals.append(m.group(0))
+        return f"\ue000{nonce}:{len(literals) - 1}\ue001"
+    for msg in messages:
+        pattern = patterns["added" if msg["role"] in ("user", "tool") else "control"]
+        if pattern is not None and isinstance(msg.get("content"), str):
+            msg["content"] = pattern.sub(hide, msg["content"])
     return messages, literals, nonce
 
 

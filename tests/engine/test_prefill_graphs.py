@@ -1,8 +1,9 @@
 """The CUDA runner's prefill-graph bookkeeping (engine/cuda_runner.py ``_forward_chunk``), on the CPU.
 
-A stand-in model counts forward calls (eager runs and the one inside each capture) and the position; a stand-in graph records captures and launches
-(and can refuse a capture, as the driver does when something inside is not capturable). The launches
-themselves run on the GPU in tests/model/test_gpu_model.py (replay equals eager, bit for bit).
+A stand-in model counts forward calls (eager runs and the one inside each capture) and the position; a
+stand-in graph records captures and launches (and can refuse a capture, as the driver does when something
+inside is not capturable). The launches themselves run on the GPU in tests/model/test_gpu_model.py (replay
+equals eager, bit for bit).
 """
 import types
 
