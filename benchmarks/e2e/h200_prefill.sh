@@ -10,6 +10,8 @@
 #   STAGE=accept: the GEMM issue's end-to-end acceptance in one call (~9 minutes): llama.cpp build (carry
 #               .cache/llama.cpp/src), the 9b and 27b files and the whole-model GPU tests, then `make bench` on
 #               the 9b file and both engines on the 27b file (pp2048, tg128); packed into $OUT/all.tgz
+#   STAGE=gdn:  GPU tests of the GDN kernels (9B/27B shapes up to 32K against float64), then bench_gdn
+#               (whole prefill at 8K and 32K, each stage alone, v3 tensor-core kernels next to v2)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -99,6 +101,16 @@ accept)
     > "$OUT/bench_27b.log" 2>&1
   say "27b exit $?"; grep -E "^\| 27b" "$OUT/bench_27b.log"
   tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+  ;;
+gdn)
+  timeout 300 python3 -m pytest -q -n 4 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py ${GDN_TESTS:-} \
+    -p no:cacheprovider --durations=5 > "$OUT/test_gdn_gpu.log" 2>&1
+  say "GDN GPU tests: $(tail -1 "$OUT/test_gdn_gpu.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gdn_gpu.log" | cut -c1-300 | head -20
+  timeout 100 python3 -m benchmarks.kernels.gdn_error_margin --shapes 9B --T 64,1023,8192 > "$OUT/gdn_error.log" 2>&1
+  say "GDN error against the budget:"; grep "rel RMS" "$OUT/gdn_error.log"
+  timeout 240 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only ${GDN_BENCH:-prefill,stages} \
+    --out "$OUT/bench_gdn.jsonl" > "$OUT/bench_gdn.log" 2>&1
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/bench_gdn.log" | tail -24
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)

@@ -7,7 +7,7 @@ decode:  the fused gdn_decode_step; GB/s counts the state read + written (the bo
 prefill: the whole gdn_prefill (conv, norms, chunked recurrence, gated norm) at T = 8192 and 32768; ms per
          layer, tokens/s, ms for all GDN layers, and GFLOP/s of the chunked algebra, next to the published
          per-layer-per-8K figures of FLA (~0.5 ms), FlashInfer (~0.2 ms) and llama.cpp (~4.2 ms).
-stages:  each prefill kernel alone at T = 8192, and the state pass at BV = 8 / 16 / 32.
+stages:  each prefill kernel alone at T = 8192 (v3, the tensor-core kernels, next to v2).
 Writes nothing unless --out is given (one JSON object per row, appended).
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ import numpy as np
 from ninfer_numba.kernels.gdn import chunk as gdn_chunk
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_form import BT
+from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
+from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
@@ -115,6 +117,8 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
         "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[
             gdn_chunk._row_blocks(T * Hv, S), rows_tpb, s](inp["proj"], inp["norm_w"], y, T, EPS),
     }
+    stages["chunk_intra_mma (v3)"] = lambda s: launch_chunk_intra_mma(ws, T, s)
+    stages["chunk_state_mma (v3)"] = lambda s: launch_chunk_state_mma(ws, inp["state"], y, T, s)
     bv, nt = staged_tiling(S)
     stages["chunk_state_staged (v2)"] = lambda s: chunk_state_staged_kernel(S, Hk, Hv)[(S // bv, Hv), nt, s](
         ws.u, ws.G, ws.W, ws.U, ws.P, inp["state"], y, T)
@@ -148,7 +152,7 @@ def main(argv=None) -> None:
             got += bench_stages(shape["Hk"], shape["Hv"], shape["S"], rng)
         rows += [dict(r, model=model, gpu=gpu, **shape) for r in got]
     print(f"# {gpu}; published GDN prefill per 9B layer per 8K tokens: {PUBLISHED_MS_PER_8K}")
-    print(f"{'model':5s} {'kernel':22s} {'T':>6s} {'µs':>10s}  details")
+    print(f"{'model':5s} {'kernel':26s} {'T':>6s} {'µs':>10s}  details")
     for r in rows:
         extra = ""
         if "GBs" in r:
@@ -157,7 +161,7 @@ def main(argv=None) -> None:
         elif "tok_s" in r:
             extra = (f"{r['tok_s']:.0f} tok/s, {r['ms_per_8k']:.3f} ms/layer/8K, "
                      f"{r['all_layers_ms']:.1f} ms all layers, {r['GFLOPs']:.0f} GFLOP/s")
-        print(f"{r['model']:5s} {r['kernel']:22s} {r['T']:6d} {r['us']:10.1f}  {extra}")
+        print(f"{r['model']:5s} {r['kernel']:26s} {r['T']:6d} {r['us']:10.1f}  {extra}")
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:

@@ -101,7 +101,7 @@ def test_prefill_shared_workspace_and_split_cudasim():
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("model", list(SHAPES_GPU))
-@pytest.mark.parametrize("T", [1, 63, 1023, 8192], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("T", [1, 63, 1023, 8192, 32768], ids=lambda t: f"T{t}")
 def test_prefill_gpu(model, T):
     Hk, Hv, S = SHAPES_GPU[model]
     check_prefill(40 + T, T, Hk, Hv, S)

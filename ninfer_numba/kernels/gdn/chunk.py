@@ -3,8 +3,8 @@
 Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel reading what the previous wrote:
   1. conv_silu + conv_state_shift (conv.py)   u = silu(conv(proj[:, :C])), conv state <- last K-1 inputs
   2. qk_norm_gates                             q, k heads of u L2-normalised in place; beta, g [T, Hv]
-  3. chunk_intra_tiled (chunk_intra_tiled.py)  G, W, U, P per (chunk, value head)
-  4. chunk_state_staged (chunk_state_staged.py) raw o into y_out; state carried over all chunks
+  3. chunk_intra_mma (chunk_intra_mma.py)     G, W, U, P per (chunk, value head), tensor cores
+  4. chunk_state_mma (chunk_state_mma.py)     raw o into y_out; state carried over all chunks, tensor cores
   5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place
 All intermediates live in a ``GdnPrefillWorkspace`` sized for the longest prompt; kernels receive the full
 workspace arrays plus T and touch rows < T only. Callers that must never allocate pass ``ws``; without it
@@ -17,9 +17,9 @@ from functools import lru_cache
 import numpy as np
 from numba import float32
 
-from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
 from ninfer_numba.kernels.gdn.chunk_form import BT
-from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
+from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
+from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, row_sum_f32, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
@@ -176,11 +176,8 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
     qk_norm_gates[_row_blocks(T * n_items, S), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g,
                                                                      T, eps)
-    n_chunks = (T + BT - 1) // BT
-    chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, stream](ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U,
-                                                                 ws.P, T)
-    BV, NT = staged_tiling(S)
-    chunk_state_staged_kernel(S, Hk, Hv)[(S // BV, Hv), NT, stream](ws.u, ws.G, ws.W, ws.U, ws.P, state, y_out, T)
+    launch_chunk_intra_mma(ws, T, stream)
+    launch_chunk_state_mma(ws, state, y_out, T, stream)
     _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv, S), 32 * WARPS_ROW, stream](proj, norm_w, y_out, T,
                                                                                 eps)
 

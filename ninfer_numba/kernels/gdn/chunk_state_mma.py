@@ -1,0 +1,258 @@
+"""GDN prefill state pass v3 on tensor cores (3xTF32 mma.sync): serial over chunks, outputs fused.
+
+Computes the state pass of chunk_form.py. v2 (chunk_state_staged.py) ran the four products of each chunk
+step as CUDA-core FMAs from shared memory, issue-bound at 5.7 ms per 9B layer per 8K tokens. Here every
+product is a warp-level mma at float32 accuracy (mma_tf32.py), and the next chunk's operands are copied
+(cp.async) while the current one computes.
+
+Block per (value tile of BV columns, value head), 4 warps. Per chunk of c <= BT rows, warp w owns chunk
+rows 16w..16w+15 in the first two phases and key m16 tiles w, w+4, ... in the third:
+  A  V' = U - W h and Q h             h (B operand) from s_hh/s_hl; W, Q rows (A) from s_w, s_q
+     V' -> s_vh/s_vl (rows >= c set to 0)
+  B  O = (e^G ⊙ Q h + P V') / √S -> o_out    P rows (A) from s_p, V' (B) from s_vh/s_vl
+  C  h <- e^(G_last) h + (e^(G_last - G) ⊙ K)ᵀ V'   K rows (A, transposed) from s_k, V' (B)
+Pipeline: W, Q of chunk n+1 are copied during B and C of chunk n; K, P of chunk n+1 during A of n+1.
+Three barriers per chunk. The B operands (h, V') are stored already split (tf32 hi and lo planes) by the
+phase that writes them, so the inner loops only load them; h also keeps its float32 master copy s_h.
+
+Dynamic shared memory, 4-byte words, rows padded for conflict-free fragment reads (mma_tf32.py):
+  s_w, s_q [BT, S+4] f32   s_k [BT, S+8] f32   s_p [BT, BT+4] f32
+  s_h [S, BV+8] f32, s_hh, s_hl [S, BV+8] tf32   s_vh, s_vl [BT, BV+8] tf32   s_eg, s_ek [BT] f32
+198 KiB at S = 128, BV = 32: one block per SM.
+"""
+import math
+from functools import lru_cache
+
+from numba import float32, types, uint32
+
+from ninfer_numba.kernels import ptx
+from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
+from ninfer_numba.kernels.gdn.chunk_form import BT
+from ninfer_numba.kernels.gdn.row_stage import make_row_stager
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.mma_tf32 import make_mma3_tiles, split_tf32
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+
+N_WARPS = 4
+TPB = 32 * N_WARPS
+PP = BT + 4                      # row stride of s_p
+
+
+def state_tile(S: int) -> int:
+    """BV, the value columns per block: 32, or S below that."""
+    return min(32, S)
+
+
+def state_smem_words(S: int) -> int:
+    BV = state_tile(S)
+    return 2 * BT * (S + 4) + BT * (S + 8) + BT * PP + (3 * S + 2 * BT) * (BV + 8) + 2 * BT
+
+
+@lru_cache(maxsize=None)
+def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
+    if S % 16 != 0:
+        raise ValueError(f"S={S} must be a multiple of 16")
+    BV = state_tile(S)
+    WP = S + 4
+    KP = S + 8
+    HP = BV + 8
+    OFF_Q = BT * WP
+    OFF_K = 2 * BT * WP
+    OFF_P = OFF_K + BT * KP
+    OFF_H = OFF_P + BT * PP
+    OFF_HH = OFF_H + S * HP
+    OFF_HL = OFF_HH + S * HP
+    OFF_VH = OFF_HL + S * HP
+    OFF_VL = OFF_VH + BT * HP
+    OFF_EG = OFF_VL + BT * HP
+    OFF_EK = OFF_EG + BT
+    NTV = BV // 8                # n8 tiles of a value tile
+    KS = S // 8                  # k8 steps over keys
+    MT = S // 16                 # key m16 tiles of the state
+    MTW = (MT + N_WARPS - 1) // N_WARPS
+    ACC_V = 4 * NTV              # accumulator words of one m16 x BV tile (array sizes must be plain constants)
+    ACC_H = 4 * NTV * MTW
+    K0 = Hk * S
+    SCALE = float32(1.0 / math.sqrt(S))
+    f0 = float32(0.0)
+    mma3_tiles = make_mma3_tiles(NTV)
+    stage_s = make_row_stager(TPB, S // 4, BT)          # rows of S floats: W, q, k
+    stage_p = make_row_stager(TPB, BT // 4, BT)         # rows of BT floats: P
+
+    @cuda.jit(device=True, inline=True)
+    def put_h(smem, smem_u, key, col, x):
+        """h[key, col] = x: the float32 master and its tf32 hi / lo planes."""
+        p = key * HP + col
+        smem[uint32(OFF_H + p)] = x
+        smem_u[uint32(OFF_HH + p)], smem_u[uint32(OFF_HL + p)] = split_tf32(x)
+
+    @cuda.jit(device=True, inline=True)
+    def load_b(smem_u, hi_off, lo_off, p, bfr):
+        """bfr[4nt:4nt+4] = (hi0, hi1, lo0, lo1) B fragments of the NTV n8 tiles of a plane pair; p = lane's
+        word offset of B[t, g] for this k-step (rows p and p + 4·HP)."""
+        for nt in range(NTV):
+            bfr[4 * nt] = smem_u[uint32(hi_off + p + 8 * nt)]
+            bfr[4 * nt + 1] = smem_u[uint32(hi_off + p + 4 * HP + 8 * nt)]
+            bfr[4 * nt + 2] = smem_u[uint32(lo_off + p + 8 * nt)]
+            bfr[4 * nt + 3] = smem_u[uint32(lo_off + p + 4 * HP + 8 * nt)]
+
+    occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 1)}
+
+    @cached_jit(**occupancy)
+    def chunk_state_mma(u, G_cum, W, U, P, state, o_out, T):
+        # u: [T, C], G_cum: [Hv, T], W, U: [Hv, Tw, S], P: [Hv, Tw, BT], state: [Hv, S, S] (in/out),
+        # o_out: [T, Hv*S] raw (un-normalised) output
+        smem = cuda.shared.array(0, types.float32, alignment=16)
+        smem_u = cuda.shared.array(0, types.uint32, alignment=16)   # the same bytes (dynamic arrays alias)
+        acc_w = cuda.local.array(ACC_V, float32)         # [n8 tile, c0..c3] W h
+        acc_q = cuda.local.array(ACC_V, float32)         # Q h, then the output
+        acc_h = cuda.local.array(ACC_H, float32)         # [key tile of the warp, n8 tile, c0..c3] new h
+        u_reg = cuda.local.array(ACC_V, float32)         # U at the accumulator positions
+        bfr = cuda.local.array(ACC_V, types.uint32)      # [n8 tile, hi0, hi1, lo0, lo1] B fragments
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        w = tid >> 5
+        gq = lane >> 2
+        t = lane & 3
+        j = cuda.blockIdx.y
+        kh = j % Hk
+        v0 = cuda.blockIdx.x * BV
+        ncol = u.shape[1]
+        Tw = W.shape[1]
+        n_chunks = (T + BT - 1) // BT
+
+        for e in range(tid, S * BV, TPB):
+            r = e // BV
+            put_h(smem, smem_u, r, e - r * BV, state[uint32(j), uint32(r), uint32(v0 + e - r * BV)])
+        # prologue: W, Q of chunk 0 (group), then K, P of chunk 0 (group), e^G factors
+        c = min(BT, T)
+        stage_s(smem, 0, WP, W, j * Tw * S, S, c, False)
+        stage_s(smem, OFF_Q, WP, u, kh * S, ncol, c, False)
+        ptx.cp_async_commit()
+        stage_s(smem, OFF_K, KP, u, K0 + kh * S, ncol, c, True)
+        stage_p(smem, OFF_P, PP, P, j * Tw * BT, BT, c, False)
+        ptx.cp_async_commit()
+        if tid < BT:
+            g_last = G_cum[uint32(j), uint32(c - 1)]
+            gi = G_cum[uint32(j), uint32(tid)] if tid < c else g_last
+            smem[uint32(OFF_EG + tid)] = math.exp(gi)
+            smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c else f0
+
+        ra = (16 * w + gq) * WP + t                      # A[g, t] of the warp's rows in s_w / s_q
+        rb = t * HP + gq                                 # B[t, g] in the h and V' planes
+        for n in range(n_chunks):
+            t0 = n * BT
+            c = min(BT, T - t0)
+            for nt in range(NTV):                        # U of my accumulator positions, in flight early
+                for e in range(4):
+                    i = 16 * w + gq + 8 * (e >> 1)
+                    u_reg[4 * nt + e] = U[uint32(j), uint32(t0 + min(i, c - 1)), uint32(v0 + 8 * nt + 2 * t + (e & 1))]  # row < c
+            ptx.cp_async_wait_1()
+            cuda.syncthreads()                           # W, Q of chunk n and h visible
+
+            # A. W h and Q h (h's B fragments shared by both products)
+            for x in range(ACC_V):
+                acc_w[x] = f0
+                acc_q[x] = f0
+            for ks in range(KS):
+                wh0, wl0 = split_tf32(smem[uint32(ra + 8 * ks)])
+                wh1, wl1 = split_tf32(smem[uint32(ra + 8 * WP + 8 * ks)])
+                wh2, wl2 = split_tf32(smem[uint32(ra + 8 * ks + 4)])
+                wh3, wl3 = split_tf32(smem[uint32(ra + 8 * WP + 8 * ks + 4)])
+                qh0, ql0 = split_tf32(smem[uint32(OFF_Q + ra + 8 * ks)])
+                qh1, ql1 = split_tf32(smem[uint32(OFF_Q + ra + 8 * WP + 8 * ks)])
+                qh2, ql2 = split_tf32(smem[uint32(OFF_Q + ra + 8 * ks + 4)])
+                qh3, ql3 = split_tf32(smem[uint32(OFF_Q + ra + 8 * WP + 8 * ks + 4)])
+                load_b(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP, bfr)
+                mma3_tiles(acc_w, 0, NTV, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
+                mma3_tiles(acc_q, 0, NTV, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+            for nt in range(NTV):                        # V' = U - W h; rows past the chunk's end are 0
+                for e in range(4):
+                    i = 16 * w + gq + 8 * (e >> 1)
+                    p = i * HP + 8 * nt + 2 * t + (e & 1)
+                    vn = u_reg[4 * nt + e] - acc_w[4 * nt + e] if i < c else f0
+                    smem_u[uint32(OFF_VH + p)], smem_u[uint32(OFF_VL + p)] = split_tf32(vn)
+            ptx.cp_async_wait_all()
+            cuda.syncthreads()                           # V' complete; K, P visible; s_w, s_q free
+            if n + 1 < n_chunks:
+                c1 = min(BT, T - t0 - BT)
+                stage_s(smem, 0, WP, W, (j * Tw + t0 + BT) * S, S, c1, False)
+                stage_s(smem, OFF_Q, WP, u, (t0 + BT) * ncol + kh * S, ncol, c1, False)
+            ptx.cp_async_commit()
+
+            # B. O = (e^G ⊙ Q h + P V') / √S over chunk rows 0..16w+15
+            for nt in range(NTV):
+                for e in range(4):
+                    acc_q[4 * nt + e] *= smem[uint32(OFF_EG + 16 * w + gq + 8 * (e >> 1))]
+            rp = OFF_P + (16 * w + gq) * PP + t
+            for ks in range(2 * w + 2):
+                ph0, pl0 = split_tf32(smem[uint32(rp + 8 * ks)])
+                ph1, pl1 = split_tf32(smem[uint32(rp + 8 * PP + 8 * ks)])
+                ph2, pl2 = split_tf32(smem[uint32(rp + 8 * ks + 4)])
+                ph3, pl3 = split_tf32(smem[uint32(rp + 8 * PP + 8 * ks + 4)])
+                load_b(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
+                mma3_tiles(acc_q, 0, NTV, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
+            for nt in range(NTV):
+                for e in range(4):
+                    i = 16 * w + gq + 8 * (e >> 1)
+                    if i < c:
+                        o_out[uint32(t0 + i), uint32(j * S + v0 + 8 * nt + 2 * t + (e & 1))] = acc_q[4 * nt + e] * SCALE
+
+            # C. h <- e^(G_last) h + K̃ᵀ V' for the warp's key tiles
+            e_last = smem[uint32(OFF_EG + c - 1)]
+            for m in range(MTW):
+                mt = w + N_WARPS * m
+                if mt < MT:
+                    for nt in range(NTV):
+                        for e in range(4):
+                            key = 16 * mt + gq + 8 * (e >> 1)
+                            acc_h[4 * (NTV * m + nt) + e] = e_last * smem[uint32(OFF_H + key * HP + 8 * nt + 2 * t + (e & 1))]
+            for ks in range(BT // 8):
+                load_b(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
+                r0 = 8 * ks + t                          # chunk rows of a0/a1 and a2/a3
+                s0 = smem[uint32(OFF_EK + r0)]
+                s1 = smem[uint32(OFF_EK + r0 + 4)]
+                for m in range(MTW):
+                    mt = w + N_WARPS * m
+                    if mt < MT:
+                        pk = OFF_K + r0 * KP + 16 * mt + gq     # A[key g, row t] = K[row t, key g]
+                        ah0, al0 = split_tf32(s0 * smem[uint32(pk)])
+                        ah1, al1 = split_tf32(s0 * smem[uint32(pk + 8)])
+                        ah2, al2 = split_tf32(s1 * smem[uint32(pk + 4 * KP)])
+                        ah3, al3 = split_tf32(s1 * smem[uint32(pk + 4 * KP + 8)])
+                        mma3_tiles(acc_h, 4 * NTV * m, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
+            for m in range(MTW):
+                mt = w + N_WARPS * m
+                if mt < MT:
+                    for nt in range(NTV):
+                        for e in range(4):
+                            put_h(smem, smem_u, 16 * mt + gq + 8 * (e >> 1), 8 * nt + 2 * t + (e & 1),
+                                  acc_h[4 * (NTV * m + nt) + e])
+            cuda.syncthreads()                           # h complete; s_k, s_p, V' and the factors free
+            if n + 1 < n_chunks:
+                t1 = t0 + BT
+                c1 = min(BT, T - t1)
+                stage_s(smem, OFF_K, KP, u, t1 * ncol + K0 + kh * S, ncol, c1, True)
+                stage_p(smem, OFF_P, PP, P, (j * Tw + t1) * BT, BT, c1, False)
+                if tid < BT:
+                    g_last = G_cum[uint32(j), uint32(t1 + c1 - 1)]
+                    gi = G_cum[uint32(j), uint32(t1 + tid)] if tid < c1 else g_last
+                    smem[uint32(OFF_EG + tid)] = math.exp(gi)
+                    smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c1 else f0
+            ptx.cp_async_commit()
+
+        for e in range(tid, S * BV, TPB):
+            r = e // BV
+            state[uint32(j), uint32(r), uint32(v0 + e - r * BV)] = smem[uint32(OFF_H + r * HP + e - r * BV)]
+
+    return chunk_state_mma
+
+
+def launch_chunk_state_mma(ws, state, o_out, T: int, stream=0) -> None:
+    """chunk_state_mma over the first T rows of workspace ``ws``: state [Hv, S, S] in/out, o_out [T, Hv*S]."""
+    kernel = chunk_state_mma_kernel(ws.S, ws.Hk, ws.Hv)
+    args = (ws.u, ws.G, ws.W, ws.U, ws.P, state, o_out, T)
+    nbytes = 4 * state_smem_words(ws.S)
+    if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
+        allow_dynamic_smem(kernel, args, nbytes)
+    kernel[(ws.S // state_tile(ws.S), ws.Hv), TPB, stream, nbytes](*args)

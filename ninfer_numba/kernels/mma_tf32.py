@@ -1,0 +1,165 @@
+"""TF32 tensor-core intrinsics with float32 accuracy by splitting ("3xTF32"), each with a simulator twin.
+
+- ``split_tf32(x)`` -> (hi, lo) uint32 bit patterns: hi = x with its low 13 bits cleared (a tf32 value),
+  lo = x - hi, exact in float32 and below 2^-10·|x|; the tensor cores read lo truncated to tf32, so hi + lo
+  stands for x to 2^-20 relative. Two instructions (``and``, ``sub``): ``cvt.rna.tf32.f32`` is emulated in
+  about eight on sm_90, which made the first version of the GDN kernels issue-bound on conversions.
+- ``mma_tf32_1688(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: warp-wide
+  ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``, D = A·B + C; a*/b* are tf32 bit patterns
+  (uint32), c* and the returned (d0, d1, d2, d3) float32. Products of two tf32 values are exact in float32.
+- ``mma3_tf32(a_hi, a_lo, b_hi, b_lo, c)``: A·B to about float32 accuracy as hi·hi + hi·lo + lo·hi (the
+  lo·lo term, below 2^-20 relative, is dropped): three mma on one accumulator (a device function over 4-tuples).
+
+Why 3xTF32 and not f16: the GDN prefill is tested against float64 within a budget derived from float32
+rounding (tests/kernels/gdn_cases.py, ~(S + 64)·2^-24 per chunk). A single f16 or tf32 rounding of the
+operands is 2^-11 relative, fifteen times that budget at the simulator's shapes; the split keeps every
+product within a few float32 ulps at three times the tensor-core work, which is still a small fraction of
+what the serial CUDA-core loop it replaces spent.
+
+Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8" with .tf32; g = lane >> 2, t = lane & 3):
+
+    A 16x8 row:  a0 = A[g, t]    a1 = A[g+8, t]    a2 = A[g, t+4]    a3 = A[g+8, t+4]
+    B 8x8 col:   b0 = B[t, g]    b1 = B[t+4, g]
+    C/D 16x8:    c0 = C[g, 2t]   c1 = C[g, 2t+1]   c2 = C[g+8, 2t]   c3 = C[g+8, 2t+1]
+
+Shared-memory operand tiles read in these patterns are conflict-free when rows read as A[g, t] (lane
+address g·stride + t) have stride ≡ 4 (mod 32) words and rows read as B[t, g] (t·stride + g) have
+stride ≡ 8 (mod 32).
+"""
+import numpy as np
+from llvmlite import ir
+from numba import types
+
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.ptx import _warp_collective
+
+_I32 = ir.IntType(32)
+_F32 = ir.FloatType()
+
+
+# ---------------------------------------------------------------- GPU: inline PTX ---------------------
+
+def _make_intrinsics():
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def mma_tf32_1688(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        ret = types.UniTuple(types.float32, 4)
+        sig = ret(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+        def codegen(context, builder, sig, args):
+            regs = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
+            accs = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+            sty = ir.LiteralStructType([_F32] * 4)
+            asm = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
+                   "{$8, $9}, {$10, $11, $12, $13};")
+            fn = ir.InlineAsm(ir.FunctionType(sty, [_I32] * 6 + [_F32] * 4), asm,
+                              ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4))
+            res = builder.call(fn, regs + accs)
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def split_tf32(typingctx, x):
+        ret = types.UniTuple(types.uint32, 2)
+        sig = ret(x)
+
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.float32)
+            asm = ("{ .reg .f32 x, h; and.b32 $0, $2, -8192; mov.b32 x, $2; mov.b32 h, $0; sub.f32 x, x, h; "
+                   "mov.b32 $1, x; }")
+            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I32]), asm, "=r,=r,r")
+            res = builder.call(fn, [builder.bitcast(v, _I32)])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+        return sig, codegen
+
+    return mma_tf32_1688, split_tf32
+
+
+# ---------------------------------------------------------------- simulator: Python twins -------------
+
+_LANES = np.arange(32)
+_G = _LANES >> 2
+_T = _LANES & 3
+
+
+def _tf32_truncate(x) -> np.uint32:
+    """The float32 x with its low 13 bits cleared, as bits."""
+    return np.uint32(int(np.array([x], np.float32).view(np.uint32)[0]) & 0xFFFFE000)
+
+
+def _as_tf32(words) -> np.ndarray:
+    """uint32 bit patterns -> float64 values as the tensor cores read them (low 13 bits ignored)."""
+    w = np.asarray([int(x) & 0xFFFFE000 for x in words], np.uint32)
+    return w.view(np.float32).astype(np.float64)
+
+
+def _mma_tf32_from_fragments(frags):
+    """A @ B (float64 [16, 8]) from the 32 lanes' (a0, a1, a2, a3, b0, b1) in the docstring's layout."""
+    f = np.array(frags, np.int64)
+    a = np.zeros((16, 8))
+    b = np.zeros((8, 8))
+    a[_G, _T] = _as_tf32(f[:, 0])
+    a[_G + 8, _T] = _as_tf32(f[:, 1])
+    a[_G, _T + 4] = _as_tf32(f[:, 2])
+    a[_G + 8, _T + 4] = _as_tf32(f[:, 3])
+    b[_T, _G] = _as_tf32(f[:, 4])
+    b[_T + 4, _G] = _as_tf32(f[:, 5])
+    return a @ b
+
+
+def _make_fallbacks():
+    @cuda.jit(device=True)
+    def mma_tf32_1688(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        lane, d = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3, b0, b1)), _mma_tf32_from_fragments)
+        g, t = lane >> 2, lane & 3
+        return (np.float32(d[g, 2 * t] + c0), np.float32(d[g, 2 * t + 1] + c1),
+                np.float32(d[g + 8, 2 * t] + c2), np.float32(d[g + 8, 2 * t + 1] + c3))
+
+    @cuda.jit(device=True)
+    def split_tf32(x):
+        hi = _tf32_truncate(x)
+        lo = np.float32(x) - np.array([hi], np.uint32).view(np.float32)[0]
+        return hi, np.array([lo], np.float32).view(np.uint32)[0]
+
+    return mma_tf32_1688, split_tf32
+
+
+mma_tf32_1688, split_tf32 = _make_fallbacks() if SIMULATOR else _make_intrinsics()
+
+
+@cuda.jit(device=True, inline=True)
+def mma3_tf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3):
+    """(c0..c3) + A·B with A = ah + al, B = bh + bl (split_tf32 halves): hi·lo and lo·hi first, so the small
+    terms meet the accumulator before the large one."""
+    c0, c1, c2, c3 = mma_tf32_1688(al0, al1, al2, al3, bh0, bh1, c0, c1, c2, c3)
+    c0, c1, c2, c3 = mma_tf32_1688(ah0, ah1, ah2, ah3, bl0, bl1, c0, c1, c2, c3)
+    return mma_tf32_1688(ah0, ah1, ah2, ah3, bh0, bh1, c0, c1, c2, c3)
+
+
+def make_mma3_tiles(n_tiles: int):
+    """Device function ``mma3_tiles(acc, acc0, n_active, ah0..ah3, al0..al3, bfr)``: for n8 tiles
+    nt < n_active (of ``n_tiles``, a compile-time constant), acc[acc0 + 4nt : +4] += A·B_nt with A = ah + al
+    and B_nt = bfr[4nt : 4nt+4] = (hi0, hi1, lo0, lo1). The three terms go in three passes over the tiles,
+    so consecutive mma are independent (one accumulator per tile, no chain of three back to back)."""
+
+    @cuda.jit(device=True, inline=True)
+    def mma3_tiles(acc, acc0, n_active, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr):
+        for nt in range(n_tiles):
+            if nt < n_active:
+                x = acc0 + 4 * nt
+                acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_tf32_1688(
+                    al0, al1, al2, al3, bfr[4 * nt], bfr[4 * nt + 1], acc[x], acc[x + 1], acc[x + 2], acc[x + 3])
+        for nt in range(n_tiles):
+            if nt < n_active:
+                x = acc0 + 4 * nt
+                acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_tf32_1688(
+                    ah0, ah1, ah2, ah3, bfr[4 * nt + 2], bfr[4 * nt + 3], acc[x], acc[x + 1], acc[x + 2],
+                    acc[x + 3])
+        for nt in range(n_tiles):
+            if nt < n_active:
+                x = acc0 + 4 * nt
+                acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_tf32_1688(
+                    ah0, ah1, ah2, ah3, bfr[4 * nt], bfr[4 * nt + 1], acc[x], acc[x + 1], acc[x + 2], acc[x + 3])
+
+    return mma3_tiles
