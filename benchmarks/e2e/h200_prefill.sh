@@ -12,6 +12,9 @@
 #               the 9b file and both engines on the 27b file (pp2048, tg128); packed into $OUT/all.tgz
 #   STAGE=gdn:  GPU tests of the GDN kernels (9B/27B shapes up to 32K against float64), then bench_gdn
 #               (whole prefill at 8K and 32K, each stage alone, v3 tensor-core kernels next to v2)
+#   STAGE=gdn_accept: the GDN issue's acceptance in one call (~9 minutes): llama.cpp build and the 9b and 27b
+#               files in the background; GDN GPU tests (up to 32K) and bench_gdn; whole-model GPU tests; then
+#               `make bench` on the 9b file and both engines on the 27b file (pp2048, pp8192, tg128)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -111,6 +114,35 @@ gdn)
   timeout 240 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only ${GDN_BENCH:-prefill,stages} \
     --out "$OUT/bench_gdn.jsonl" > "$OUT/bench_gdn.log" 2>&1
   say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/bench_gdn.log" | tail -24
+  ;;
+gdn_accept)
+  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
+  build=$!
+  rm -f /tmp/ninfer_9b_ready
+  ( [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
+    touch /tmp/ninfer_9b_ready
+    [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
+  ) > "$OUT/make_models.log" 2>&1 &
+  gen=$!
+  timeout 200 python3 -m pytest -q -n 4 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -p no:cacheprovider \
+    > "$OUT/test_gdn_gpu.log" 2>&1
+  say "GDN GPU tests: $(tail -1 "$OUT/test_gdn_gpu.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gdn_gpu.log" | cut -c1-300 | head
+  timeout 120 python3 -m benchmarks.kernels.gdn_error_margin --shapes 9B,27B --T 64,8192,32768 > "$OUT/gdn_error.log" 2>&1
+  say "GDN error against the budget:"; grep "rel RMS" "$OUT/gdn_error.log"
+  timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages \
+    --out "$OUT/bench_gdn.jsonl" > "$OUT/bench_gdn.log" 2>&1
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/bench_gdn.log" | tail -22
+  timeout 100 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-600 | head -8
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
+  while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
+  timeout 200 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench9" > "$OUT/make_bench.log" 2>&1
+  say "make bench exit $?"; grep -E "^\| 9b" "$OUT/make_bench.log"
+  wait $gen
+  timeout 150 python3 -m ninfer_numba bench --models 27b --tests pp2048,pp8192,tg128 --reps 3 --out "$OUT/bench27" \
+    > "$OUT/bench_27b.log" 2>&1
+  say "27b exit $?"; grep -E "^\| 27b" "$OUT/bench_27b.log"
+  tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)

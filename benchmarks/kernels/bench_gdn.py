@@ -7,7 +7,7 @@ decode:  the fused gdn_decode_step; GB/s counts the state read + written (the bo
 prefill: the whole gdn_prefill (conv, norms, chunked recurrence, gated norm) at T = 8192 and 32768; ms per
          layer, tokens/s, ms for all GDN layers, and GFLOP/s of the chunked algebra, next to the published
          per-layer-per-8K figures of FLA (~0.5 ms), FlashInfer (~0.2 ms) and llama.cpp (~4.2 ms).
-stages:  each prefill kernel alone at T = 8192 (v3, the tensor-core kernels, next to v2).
+stages:  each prefill kernel alone at T = 8192.
 Writes nothing unless --out is given (one JSON object per row, appended).
 """
 from __future__ import annotations
@@ -21,9 +21,7 @@ from ninfer_numba.kernels.gdn import chunk as gdn_chunk
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
-from ninfer_numba.kernels.gdn.chunk_intra_tiled import chunk_intra_tiled_kernel
 from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
-from ninfer_numba.kernels.gdn.chunk_state_staged import chunk_state_staged_kernel, staged_tiling
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
@@ -97,14 +95,13 @@ def bench_prefill(Hk, Hv, S, n_layers, rng, lengths):
 
 
 def bench_stages(Hk, Hv, S, rng, T=8192):
-    """Each prefill kernel alone (inputs from one full run), and the state pass at several tile widths."""
+    """Each prefill kernel alone (inputs from one full run)."""
     inp = layer_inputs(Hk, Hv, S, T, rng)
     ws = GdnPrefillWorkspace(T, Hk, Hv, S)
     y = cuda.device_array((T, Hv * S), np.float32)
     gdn_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], inp["ssm_a"], inp["dt_bias"], inp["norm_w"],
                 inp["state"], y, Hk, EPS, ws=ws)
     C = 2 * Hk * S + Hv * S
-    n_chunks = (T + BT - 1) // BT
     rows_tpb = 32 * gdn_chunk.WARPS_ROW
     qk_norm_gates, n_items = gdn_chunk._qk_norm_gates_kernel(S, Hk, Hv)
     stages = {
@@ -112,16 +109,11 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
                                                        C, s),
         "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items, S), rows_tpb, s](
             inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
-        "chunk_intra_tiled (v2)": lambda s: chunk_intra_tiled_kernel(S, Hk, Hv)[(n_chunks, Hv), 2 * S, s](
-            ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T),
+        "chunk_intra_mma": lambda s: launch_chunk_intra_mma(ws, T, s),
+        "chunk_state_mma": lambda s: launch_chunk_state_mma(ws, inp["state"], y, T, s),
         "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[
             gdn_chunk._row_blocks(T * Hv, S), rows_tpb, s](inp["proj"], inp["norm_w"], y, T, EPS),
     }
-    stages["chunk_intra_mma (v3)"] = lambda s: launch_chunk_intra_mma(ws, T, s)
-    stages["chunk_state_mma (v3)"] = lambda s: launch_chunk_state_mma(ws, inp["state"], y, T, s)
-    bv, nt = staged_tiling(S)
-    stages["chunk_state_staged (v2)"] = lambda s: chunk_state_staged_kernel(S, Hk, Hv)[(S // bv, Hv), nt, s](
-        ws.u, ws.G, ws.W, ws.U, ws.P, inp["state"], y, T)
     rows = []
     for name, fn in stages.items():
         ms = time_graph(fn, n_inner=1, reps=5, warmup=1).median_ms

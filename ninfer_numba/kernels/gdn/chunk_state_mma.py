@@ -5,8 +5,9 @@ step as CUDA-core FMAs from shared memory, issue-bound at 5.7 ms per 9B layer pe
 product is a warp-level mma at float32 accuracy (mma_tf32.py), and the next chunk's operands are copied
 (cp.async) while the current one computes.
 
-Block per (value tile of BV columns, value head), 4 warps. Per chunk of c <= BT rows, warp w owns chunk
-rows 16w..16w+15 in the first two phases and key m16 tiles w, w+4, ... in the third:
+Block per (value tile of BV columns, value head), 8 warps (one warp per scheduler left each stalled on its
+own latencies: 4 warps ran at ~0.3 instructions per cycle). Per chunk of c <= BT rows, warp w owns chunk rows
+16·(w % 4)..+15 and half the value columns (w // 4) in the first two phases, key m16 tile w in the third:
   A  V' = U - W h and Q h             h (B operand) from s_hh/s_hl; W, Q rows (A) from s_w, s_q
      V' -> s_vh/s_vl (rows >= c set to 0)
   B  O = (e^G ⊙ Q h + P V') / √S -> o_out    P rows (A) from s_p, V' (B) from s_vh/s_vl
@@ -33,8 +34,10 @@ from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.mma_tf32 import make_mma3_tiles, split_tf32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
-N_WARPS = 4
+N_WARPS = 8
 TPB = 32 * N_WARPS
+ROW_BLOCKS = 4                   # m16 row blocks of a chunk (BT = 64 rows)
+COL_GROUPS = N_WARPS // ROW_BLOCKS
 PP = BT + 4                      # row stride of s_p
 
 
@@ -70,12 +73,15 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
     KS = S // 8                  # k8 steps over keys
     MT = S // 16                 # key m16 tiles of the state
     MTW = (MT + N_WARPS - 1) // N_WARPS
-    ACC_V = 4 * NTV              # accumulator words of one m16 x BV tile (array sizes must be plain constants)
+    NTW = NTV // COL_GROUPS      # n8 tiles of a warp in phases A and B
+    ACC_V = 4 * NTV              # fragment words of one m16 x BV tile (array sizes must be plain constants)
+    ACC_A = 4 * NTW              # accumulator words of a warp's m16 x (BV / COL_GROUPS) tile
     ACC_H = 4 * NTV * MTW
     K0 = Hk * S
     SCALE = float32(1.0 / math.sqrt(S))
     f0 = float32(0.0)
-    mma3_tiles = make_mma3_tiles(NTV)
+    mma3_a = make_mma3_tiles(NTW)
+    mma3_c = make_mma3_tiles(NTV)
     stage_s = make_row_stager(TPB, S // 4, BT)          # rows of S floats: W, q, k
     stage_p = make_row_stager(TPB, BT // 4, BT)         # rows of BT floats: P
 
@@ -86,15 +92,20 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
         smem[uint32(OFF_H + p)] = x
         smem_u[uint32(OFF_HH + p)], smem_u[uint32(OFF_HL + p)] = split_tf32(x)
 
-    @cuda.jit(device=True, inline=True)
-    def load_b(smem_u, hi_off, lo_off, p, bfr):
-        """bfr[4nt:4nt+4] = (hi0, hi1, lo0, lo1) B fragments of the NTV n8 tiles of a plane pair; p = lane's
-        word offset of B[t, g] for this k-step (rows p and p + 4·HP)."""
-        for nt in range(NTV):
-            bfr[4 * nt] = smem_u[uint32(hi_off + p + 8 * nt)]
-            bfr[4 * nt + 1] = smem_u[uint32(hi_off + p + 4 * HP + 8 * nt)]
-            bfr[4 * nt + 2] = smem_u[uint32(lo_off + p + 8 * nt)]
-            bfr[4 * nt + 3] = smem_u[uint32(lo_off + p + 4 * HP + 8 * nt)]
+    def make_load_b(n_tiles):
+        @cuda.jit(device=True, inline=True)
+        def load_b(smem_u, hi_off, lo_off, p, bfr):
+            """bfr[4nt:4nt+4] = (hi0, hi1, lo0, lo1) B fragments of n_tiles n8 tiles of a plane pair; p = lane's
+            word offset of B[t, g] of the first tile for this k-step (rows p and p + 4·HP)."""
+            for nt in range(n_tiles):
+                bfr[4 * nt] = smem_u[uint32(hi_off + p + 8 * nt)]
+                bfr[4 * nt + 1] = smem_u[uint32(hi_off + p + 4 * HP + 8 * nt)]
+                bfr[4 * nt + 2] = smem_u[uint32(lo_off + p + 8 * nt)]
+                bfr[4 * nt + 3] = smem_u[uint32(lo_off + p + 4 * HP + 8 * nt)]
+        return load_b
+
+    load_b_a = make_load_b(NTW)
+    load_b_c = make_load_b(NTV)
 
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 1)}
 
@@ -104,14 +115,16 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
         # o_out: [T, Hv*S] raw (un-normalised) output
         smem = cuda.shared.array(0, types.float32, alignment=16)
         smem_u = cuda.shared.array(0, types.uint32, alignment=16)   # the same bytes (dynamic arrays alias)
-        acc_w = cuda.local.array(ACC_V, float32)         # [n8 tile, c0..c3] W h
-        acc_q = cuda.local.array(ACC_V, float32)         # Q h, then the output
+        acc_w = cuda.local.array(ACC_A, float32)         # [n8 tile of the warp, c0..c3] W h
+        acc_q = cuda.local.array(ACC_A, float32)         # Q h, then the output
         acc_h = cuda.local.array(ACC_H, float32)         # [key tile of the warp, n8 tile, c0..c3] new h
-        u_reg = cuda.local.array(ACC_V, float32)         # U at the accumulator positions
+        u_reg = cuda.local.array(ACC_A, float32)         # U at the accumulator positions
         bfr = cuda.local.array(ACC_V, types.uint32)      # [n8 tile, hi0, hi1, lo0, lo1] B fragments
         tid = cuda.threadIdx.x
         lane = tid & 31
         w = tid >> 5
+        rw = w % ROW_BLOCKS                              # phases A, B: chunk rows 16rw..16rw+15
+        cb = 8 * NTW * (w // ROW_BLOCKS)                 # and value columns cb..cb+8·NTW-1
         gq = lane >> 2
         t = lane & 3
         j = cuda.blockIdx.y
@@ -138,20 +151,20 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
             smem[uint32(OFF_EG + tid)] = math.exp(gi)
             smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c else f0
 
-        ra = (16 * w + gq) * WP + t                      # A[g, t] of the warp's rows in s_w / s_q
+        ra = (16 * rw + gq) * WP + t                     # A[g, t] of the warp's rows in s_w / s_q
         rb = t * HP + gq                                 # B[t, g] in the h and V' planes
         for n in range(n_chunks):
             t0 = n * BT
             c = min(BT, T - t0)
-            for nt in range(NTV):                        # U of my accumulator positions, in flight early
+            for nt in range(NTW):                        # U of my accumulator positions, in flight early
                 for e in range(4):
-                    i = 16 * w + gq + 8 * (e >> 1)
-                    u_reg[4 * nt + e] = U[uint32(j), uint32(t0 + min(i, c - 1)), uint32(v0 + 8 * nt + 2 * t + (e & 1))]  # row < c
+                    i = min(16 * rw + gq + 8 * (e >> 1), c - 1)      # rows >= c are never used
+                    u_reg[4 * nt + e] = U[uint32(j), uint32(t0 + i), uint32(v0 + cb + 8 * nt + 2 * t + (e & 1))]
             ptx.cp_async_wait_1()
             cuda.syncthreads()                           # W, Q of chunk n and h visible
 
             # A. W h and Q h (h's B fragments shared by both products)
-            for x in range(ACC_V):
+            for x in range(ACC_A):
                 acc_w[x] = f0
                 acc_q[x] = f0
             for ks in range(KS):
@@ -163,13 +176,13 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                 qh1, ql1 = split_tf32(smem[uint32(OFF_Q + ra + 8 * WP + 8 * ks)])
                 qh2, ql2 = split_tf32(smem[uint32(OFF_Q + ra + 8 * ks + 4)])
                 qh3, ql3 = split_tf32(smem[uint32(OFF_Q + ra + 8 * WP + 8 * ks + 4)])
-                load_b(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP, bfr)
-                mma3_tiles(acc_w, 0, NTV, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
-                mma3_tiles(acc_q, 0, NTV, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
-            for nt in range(NTV):                        # V' = U - W h; rows past the chunk's end are 0
+                load_b_a(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP + cb, bfr)
+                mma3_a(acc_w, 0, NTW, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
+                mma3_a(acc_q, 0, NTW, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+            for nt in range(NTW):                        # V' = U - W h; rows past the chunk's end are 0
                 for e in range(4):
-                    i = 16 * w + gq + 8 * (e >> 1)
-                    p = i * HP + 8 * nt + 2 * t + (e & 1)
+                    i = 16 * rw + gq + 8 * (e >> 1)
+                    p = i * HP + cb + 8 * nt + 2 * t + (e & 1)
                     vn = u_reg[4 * nt + e] - acc_w[4 * nt + e] if i < c else f0
                     smem_u[uint32(OFF_VH + p)], smem_u[uint32(OFF_VL + p)] = split_tf32(vn)
             ptx.cp_async_wait_all()
@@ -181,22 +194,23 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
             ptx.cp_async_commit()
 
             # B. O = (e^G ⊙ Q h + P V') / √S over chunk rows 0..16w+15
-            for nt in range(NTV):
+            for nt in range(NTW):
                 for e in range(4):
-                    acc_q[4 * nt + e] *= smem[uint32(OFF_EG + 16 * w + gq + 8 * (e >> 1))]
-            rp = OFF_P + (16 * w + gq) * PP + t
-            for ks in range(2 * w + 2):
+                    acc_q[4 * nt + e] *= smem[uint32(OFF_EG + 16 * rw + gq + 8 * (e >> 1))]
+            rp = OFF_P + (16 * rw + gq) * PP + t
+            for ks in range(2 * rw + 2):
                 ph0, pl0 = split_tf32(smem[uint32(rp + 8 * ks)])
                 ph1, pl1 = split_tf32(smem[uint32(rp + 8 * PP + 8 * ks)])
                 ph2, pl2 = split_tf32(smem[uint32(rp + 8 * ks + 4)])
                 ph3, pl3 = split_tf32(smem[uint32(rp + 8 * PP + 8 * ks + 4)])
-                load_b(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
-                mma3_tiles(acc_q, 0, NTV, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
-            for nt in range(NTV):
+                load_b_a(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP + cb, bfr)
+                mma3_a(acc_q, 0, NTW, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
+            for nt in range(NTW):
                 for e in range(4):
-                    i = 16 * w + gq + 8 * (e >> 1)
+                    i = 16 * rw + gq + 8 * (e >> 1)
                     if i < c:
-                        o_out[uint32(t0 + i), uint32(j * S + v0 + 8 * nt + 2 * t + (e & 1))] = acc_q[4 * nt + e] * SCALE
+                        col = j * S + v0 + cb + 8 * nt + 2 * t + (e & 1)
+                        o_out[uint32(t0 + i), uint32(col)] = acc_q[4 * nt + e] * SCALE
 
             # C. h <- e^(G_last) h + K̃ᵀ V' for the warp's key tiles
             e_last = smem[uint32(OFF_EG + c - 1)]
@@ -208,7 +222,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                             key = 16 * mt + gq + 8 * (e >> 1)
                             acc_h[4 * (NTV * m + nt) + e] = e_last * smem[uint32(OFF_H + key * HP + 8 * nt + 2 * t + (e & 1))]
             for ks in range(BT // 8):
-                load_b(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
+                load_b_c(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
                 r0 = 8 * ks + t                          # chunk rows of a0/a1 and a2/a3
                 s0 = smem[uint32(OFF_EK + r0)]
                 s1 = smem[uint32(OFF_EK + r0 + 4)]
@@ -220,7 +234,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                         ah1, al1 = split_tf32(s0 * smem[uint32(pk + 8)])
                         ah2, al2 = split_tf32(s1 * smem[uint32(pk + 4 * KP)])
                         ah3, al3 = split_tf32(s1 * smem[uint32(pk + 4 * KP + 8)])
-                        mma3_tiles(acc_h, 4 * NTV * m, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
+                        mma3_c(acc_h, 4 * NTV * m, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
             for m in range(MTW):
                 mt = w + N_WARPS * m
                 if mt < MT:
