@@ -12,9 +12,10 @@
 #               the 9b file and both engines on the 27b file (pp2048, tg128); packed into $OUT/all.tgz
 #   STAGE=gdn:  GPU tests of the GDN kernels (9B/27B shapes up to 32K against float64), then bench_gdn
 #               (whole prefill at 8K and 32K, each stage alone, v3 tensor-core kernels next to v2)
-#   STAGE=gdn_accept: the GDN issue's acceptance in one call (~9 minutes): llama.cpp build and the 9b and 27b
-#               files in the background; GDN GPU tests (up to 32K) and bench_gdn; whole-model GPU tests; then
-#               `make bench` on the 9b file and both engines on the 27b file (pp2048, pp8192, tg128)
+#   STAGE=gdn_accept: the GDN issue's acceptance in one call (~10 minutes): llama.cpp build and the 9b and 27b
+#               files in the background; bench_gdn, error against the budget, whole-model GPU tests; then
+#               `make bench` on the 9b file, both engines on the 27b file (pp8192, pp2048, tg128), and last
+#               the GDN GPU tests up to 32K; logs under $OUT/logs (pass OUT=$OUT/r: 8 files come back)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -116,33 +117,36 @@ gdn)
   say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/bench_gdn.log" | tail -24
   ;;
 gdn_accept)
-  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
+  # results first, each packed as soon as it exists (a call returns 8 files; one that hits its time limit
+  # never reaches a final tar); the slow float64 GPU tests last
+  pack() { tar czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; }
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
   build=$!
   rm -f /tmp/ninfer_9b_ready
   ( [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
     touch /tmp/ninfer_9b_ready
     [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
-  ) > "$OUT/make_models.log" 2>&1 &
+  ) > "$OUT/logs/make_models.log" 2>&1 &
   gen=$!
-  timeout 200 python3 -m pytest -q -n 4 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -p no:cacheprovider \
-    > "$OUT/test_gdn_gpu.log" 2>&1
-  say "GDN GPU tests: $(tail -1 "$OUT/test_gdn_gpu.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gdn_gpu.log" | cut -c1-300 | head
-  timeout 120 python3 -m benchmarks.kernels.gdn_error_margin --shapes 9B,27B --T 64,8192,32768 > "$OUT/gdn_error.log" 2>&1
-  say "GDN error against the budget:"; grep "rel RMS" "$OUT/gdn_error.log"
   timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages \
-    --out "$OUT/bench_gdn.jsonl" > "$OUT/bench_gdn.log" 2>&1
-  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/bench_gdn.log" | tail -22
-  timeout 100 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
-  say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-600 | head -8
-  wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
+    --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -16
+  timeout 150 python3 -m benchmarks.kernels.gdn_error_margin --shapes 9B,27B --T 64,8192,32768 \
+    > "$OUT/logs/gdn_error.log" 2>&1
+  say "GDN error against the budget:"; grep "rel RMS" "$OUT/logs/gdn_error.log"
+  timeout 100 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/logs/test_gpu_model.log" 2>&1
+  say "whole-model GPU tests: $(tail -1 "$OUT/logs/test_gpu_model.log")"
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
-  timeout 200 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench9" > "$OUT/make_bench.log" 2>&1
-  say "make bench exit $?"; grep -E "^\| 9b" "$OUT/make_bench.log"
+  timeout 200 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--out $OUT/bench9" > "$OUT/logs/make_bench.log" 2>&1
+  say "make bench exit $?"; grep -E "^\| 9b" "$OUT/logs/make_bench.log"; pack bench9
   wait $gen
-  timeout 150 python3 -m ninfer_numba bench --models 27b --tests pp2048,pp8192,tg128 --reps 3 --out "$OUT/bench27" \
-    > "$OUT/bench_27b.log" 2>&1
-  say "27b exit $?"; grep -E "^\| 27b" "$OUT/bench_27b.log"
-  tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+  timeout 150 python3 -m ninfer_numba bench --models 27b --tests pp8192,pp2048,tg128 --reps 3 --out "$OUT/bench27" \
+    > "$OUT/logs/bench_27b.log" 2>&1
+  say "27b exit $?"; grep -E "^\| 27b" "$OUT/logs/bench_27b.log"; pack bench27
+  timeout 240 python3 -m pytest -q -n 6 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -p no:cacheprovider \
+    > "$OUT/logs/test_gdn_gpu.log" 2>&1
+  say "GDN GPU tests: $(tail -1 "$OUT/logs/test_gdn_gpu.log")"; pack logs
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
