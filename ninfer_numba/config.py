@@ -184,6 +184,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def stop_ids(self, eos_ids) -> frozenset[int]:
+        """The ids that end generation: the model's end-of-turn ids (unless ignore_eos) and stop_token_ids."""
+        return frozenset(() if self.ignore_eos else eos_ids) | frozenset(self.stop_token_ids)
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:

@@ -93,8 +93,7 @@ class LLM:
                              f"{self.max_seq} tokens (raise max_seq)")
 
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
-        eos = self.tokenizer.eos_ids if (self.tokenizer is not None and not params.ignore_eos) else frozenset()
-        return frozenset(eos) | frozenset(params.stop_token_ids)
+        return params.stop_ids(self.tokenizer.eos_ids if self.tokenizer is not None else ())
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         """Yield generated ids one at a time; stops after max_tokens or after yielding a stop token."""

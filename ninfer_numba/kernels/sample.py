@@ -19,6 +19,7 @@ import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.sample_ref import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from ninfer_numba.kernels.sample_select import (
     D_ARGMAX, D_TRANSFORM, F_U, F_ZMAX, G_MAX, IDX_MASK, ITEMS, N_PARAMS, N_REFINE, N_ST, N_STF, NB, P_FREQ,
     P_MIN_P, P_PRES, P_REP, P_SEED_HI, P_SEED_LO, P_STEP, P_TEMP, P_TOP_K, P_TOP_P, PH_DONE, PH_HIST1,
@@ -28,8 +29,8 @@ __all__ = ["N_PARAMS", "P_STEP", "SampleWorkspace", "argmax", "pack_sample_param
 
 _U64_MASK32 = np.uint64(0xFFFFFFFF)
 _U64_32 = np.uint64(32)
-_PM0, _PM1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-_PW0, _PW1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+_PM0, _PM1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)     # sample_ref.py's Philox-4x32 constants
+_PW0, _PW1 = np.uint64(PHILOX_W0), np.uint64(PHILOX_W1)
 
 
 def pack_sample_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,

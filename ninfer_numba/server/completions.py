@@ -50,7 +50,7 @@ async def chat_completions(request: Request, server) -> Any:
     tokenizer = server.require_tokenizer()
     prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
     ids = await asyncio.to_thread(prompt.encode, tokenizer)     # long prompts: off the event loop
-    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq))
+    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq), server.llm.config.n_vocab)
     job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop())
     header = server.header("chat", req)
     server.worker.submit(job)
@@ -69,7 +69,7 @@ async def completions(request: Request, server) -> Any:
     reject_unsupported(req)
     tokenizer = server.require_tokenizer()
     ids = _completion_prompt_ids(req, tokenizer, server.llm.config.n_vocab)
-    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq))
+    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq), server.llm.config.n_vocab)
     job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop())
     header = server.header("text", req)
     echo = tokenizer.decode(ids) if req.echo else ""

@@ -76,6 +76,8 @@ class _SamplingFields(_Lenient):
     stop: str | list[str] | None = None
     n: int | None = None
     logit_bias: dict[str, float] | None = None
+    ignore_eos: bool | None = None              # vLLM's extra sampling parameters
+    stop_token_ids: list[int] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -192,12 +194,19 @@ def resolve_max_tokens(requested: int | None, n_prompt: int, max_seq: int, param
     return requested
 
 
-def sampling_params(req: _SamplingFields, max_tokens: int) -> SamplingParams:
-    """OpenAI defaults (temperature 1, top_p 1) where the request is silent; ranges as in OpenAI's API."""
+def sampling_params(req: _SamplingFields, max_tokens: int, n_vocab: int) -> SamplingParams:
+    """OpenAI defaults (temperature 1, top_p 1) where the request is silent; ranges as in OpenAI's API.
+    vLLM's ``ignore_eos`` and ``stop_token_ids`` (ids in [0, n_vocab)) are accepted too."""
     temperature = 1.0 if req.temperature is None else req.temperature
     if not 0.0 <= temperature <= 2.0:
         raise APIError(400, f"temperature must be in [0, 2], got {temperature}", param="temperature")
-    fields = dict(max_tokens=max_tokens, temperature=temperature, seed=req.seed)
+    fields = dict(max_tokens=max_tokens, temperature=temperature, seed=req.seed, ignore_eos=bool(req.ignore_eos))
+    if req.stop_token_ids:
+        bad = [i for i in req.stop_token_ids if not 0 <= i < n_vocab]
+        if bad:
+            raise APIError(400, f"stop_token_ids must be token ids in [0, {n_vocab}), got {bad[:4]}",
+                           param="stop_token_ids")
+        fields["stop_token_ids"] = tuple(req.stop_token_ids)
     for name in ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = getattr(req, name)
         if value is not None:

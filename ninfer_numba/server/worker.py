@@ -110,7 +110,7 @@ class GenerationWorker:
 
 def run_job(llm, job: Job) -> None:
     tokenizer = llm.tokenizer
-    stop_ids = frozenset(tokenizer.eos_ids) | frozenset(job.params.stop_token_ids)
+    stop_ids = job.params.stop_ids(tokenizer.eos_ids)
     decoder = IncrementalDecoder(tokenizer)
     stops = StopStringFilter(job.stops)
     parser = job.parser

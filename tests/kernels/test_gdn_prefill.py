@@ -1,4 +1,4 @@
-"""Chunked GDN prefill (ninfer_numba/kernels/gdn/prefill.py) against gdn_mixer_ref, and prefill followed
+"""Chunked GDN prefill (ninfer_numba/kernels/gdn/chunk.py) against gdn_mixer_ref, and prefill followed
 by decode steps against one reference pass over the whole sequence.
 
 cudasim: tiny shapes (run with NUMBA_ENABLE_CUDASIM=1; they also run on a GPU). gpu: 9B and 27B shapes.

@@ -68,7 +68,7 @@ class ScriptedLLM:
         prompt = self.tokenizer.decode(prompt_ids)
         key, reply = self.reply_for(prompt)
         ids = self.tokenizer.encode(reply.text) + ([self._im_end] if reply.end_of_turn else [])
-        stops = self.tokenizer.eos_ids | frozenset(params.stop_token_ids)
+        stops = params.stop_ids(self.tokenizer.eos_ids)
         with self._lock:
             self._active += 1
             self.max_active = max(self.max_active, self._active)

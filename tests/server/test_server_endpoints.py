@@ -103,6 +103,32 @@ def test_sampling_parameters_reach_the_engine(client, scripted):
     assert params.max_tokens == 50
 
 
+def test_ignore_eos_and_stop_token_ids(client, scripted, qwen_tokenizer):
+    """vLLM's extra parameters: ignore_eos runs past the end-of-turn token to max_tokens; stop_token_ids end
+    the reply at an id of the caller's choosing (one rule for the engine and the server: SamplingParams)."""
+    reply = "</think>\n\nred green blue"
+    scripted.replies["eos?"] = Reply(reply)
+    n_reply = len(qwen_tokenizer.encode(reply))
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "eos?"}])
+    r = client.chat.completions.create(**ask, max_tokens=n_reply + 1)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "red green blue"
+    r = client.chat.completions.create(**ask, max_tokens=n_reply + 1, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == n_reply + 1
+    assert scripted.calls[-1][1].ignore_eos
+    green = qwen_tokenizer.encode(" green")
+    assert len(green) == 1
+    r = client.chat.completions.create(**ask, extra_body={"stop_token_ids": green})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "red"
+    assert scripted.calls[-1][1].stop_token_ids == tuple(green)
+
+
+@pytest.mark.parametrize("ids", [[-1], [10 ** 9]], ids=["negative", "past-vocab"])
+def test_stop_token_ids_out_of_range(live, ids):
+    r = httpx.post(live.url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop_token_ids": ids}, timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids"
+
+
 def test_no_think_switch(client, scripted):
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Quick one /no_think"}])
     prompt, _ = scripted.calls[-1]
