@@ -21,12 +21,12 @@ endif
 
 .PHONY: setup bench test test-gpu test-cudasim wheelhouse serve plot clean
 
-# Create ./.venv (or use PYTHON) and install the package with its dev extras.
+# Create ./.venv (or use PYTHON) and install the package with its dev extras (and, in the venv, the notebook extra).
 setup: $(SETUP)
 
 $(VENV)/.installed: pyproject.toml
-	@echo "setup: creating $(VENV) and installing ninfer_numba with its dev extras (a minute or two)"
-	python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q --upgrade pip && $(VENV)/bin/python -m pip install -q -e ".[dev]" && touch $@
+	@echo "setup: creating $(VENV) and installing ninfer_numba with its dev and notebook extras (a minute or two)"
+	python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q --upgrade pip && $(VENV)/bin/python -m pip install -q -e ".[dev,notebook]" && touch $@
 
 .setup-$(notdir $(PYTHON)).stamp: pyproject.toml
 	@echo "setup: installing ninfer_numba into $(PY) $(if $(OFFLINE),from $(WHEELHOUSE) )(a minute or so)"
@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml
 bench: $(SETUP)
 	$(PY) -m ninfer_numba bench $(if $(BENCH_MODELS),--models $(BENCH_MODELS)) --model-dir $(MODEL_DIR) $(BENCH_ARGS)
 
-# The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness; then kernels under the CUDA simulator
+# The CPU suite (CI): formats, tokenizer, reference model, server, CLI, harness, the notebooks; then kernels under the CUDA simulator
 # (two processes: the simulator runs one Python thread per CUDA thread, so it is CPU-bound).
 test: $(SETUP)
 	$(PY) -m pytest -q -m "not gpu and not cudasim" tests && NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n 2 -p no:benchmark -m cudasim tests
