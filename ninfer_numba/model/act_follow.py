@@ -11,11 +11,13 @@ What: the GPU run records every activation it feeds a matmul (``gpu_activations`
 (its own float values, its own scales, its own quantization or float16 rounding) except that it takes the
 GPU's value where the two differ by a rounding decision or by the kernels' own float16 arithmetic:
 
-- int8 rows: where the GPU's int8 value is one level from its own, it takes the GPU's: that is the rounding
-  decision float drift can flip. Each such element's ``excess`` says how near a tie it was: how far the
-  reference's own value lay beyond the midpoint between the two levels (0: exactly at it; 0.5: on the
-  reference's own level; at most 1). Two levels or more is a disagreement: the reference keeps its own value
-  and counts it.
+- int8 rows: where the GPU's int8 value is one level from its own and the reference's own value lies near
+  the midpoint between the two levels, it takes the GPU's: that is the rounding decision float drift can
+  flip. Each one-level element's ``excess`` says how near a tie it was: how far the reference's own value lay
+  beyond the midpoint (0: exactly at it; 0.5: on the reference's own level; at most 1). Followed only up to
+  ``TIE_BOUND`` (0.1 of a level): a one-level difference further from the midpoint is not a rounding decision
+  but an error of up to a level, and counts as a disagreement (``loose_ties``), as two levels or more do; the
+  reference keeps its own value there. ``excess_at_most`` is the histogram of all one-level elements.
 - float16 rows: one float16 step (ulp) apart is the same rounding decision, followed, with its excess in
   ulps. Further apart but within half an int8 level of the 32-block (amax/254) of the reference's own float32
   value is followed too and counted as ``f16_near``: the kernels compute some products in float16 that the
@@ -45,7 +47,8 @@ from ninfer_numba.model.layer_check import tapped_run
 from ninfer_numba.model.reference import dequantize_activation
 
 POINTS = ("mixer_in", "mixer_out", "ffn_in", "down_in")   # per layer, in the order the matmuls run
-EXCESS_BINS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)            # report: followed elements with excess <= each
+EXCESS_BINS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)            # report: one-level elements with excess <= each
+TIE_BOUND = 0.1              # largest excess (int8 levels beyond the midpoint) followed as a rounding decision
 
 
 def gpu_activations(runner, ids: list[int], n_gen: int):
@@ -98,7 +101,7 @@ class TieFollower:
             raise ValueError(f"{key}: GPU activation {gq.shape} against the reference's {h.shape}")
         t, k = h.shape
         a = np.empty((t, k), np.float32)
-        stat = {"layer": key[0], "point": key[1], "elements": 0, "ties": 0, "disagreements": 0,
+        stat = {"layer": key[0], "point": key[1], "elements": 0, "ties": 0, "loose_ties": 0, "disagreements": 0,
                 "max_excess": 0.0, "excess_at_most": [0] * len(EXCESS_BINS),
                 "f16_elements": 0, "f16_ties": 0, "f16_near": 0, "f16_disagreements": 0, "f16_max_excess": 0.0,
                 "f16_max_levels": 0.0}
@@ -116,9 +119,14 @@ class TieFollower:
         scale = np.where(xs == 0, 1.0, xs.astype(np.float64))[:, :, None]
         levels = (h.astype(np.float64).reshape(t, k // QK, QK) / scale).reshape(t, k)   # the reference's value
         step = np.abs(gq.astype(np.int16) - xq.astype(np.int16))
-        tie, far = step == 1, step > 1
-        excess = np.maximum(np.abs(levels[tie] - gq[tie]) - 0.5, 0.0)
-        stat.update(elements=int(xq.size), ties=int(tie.sum()), disagreements=int(far.sum()),
+        one = step == 1
+        excess_all = np.zeros(h.shape)
+        excess_all[one] = np.maximum(np.abs(levels[one] - gq[one]) - 0.5, 0.0)
+        tie = one & (excess_all <= TIE_BOUND)
+        loose = one & ~tie
+        excess = excess_all[one]
+        stat.update(elements=int(xq.size), ties=int(tie.sum()), loose_ties=int(loose.sum()),
+                    disagreements=int((step > 1).sum() + loose.sum()),
                     max_excess=float(excess.max()) if excess.size else 0.0,
                     excess_at_most=[int((excess <= b).sum()) for b in EXCESS_BINS])
         return dequantize_activation(np.where(tie, gq, xq), xs)
@@ -143,15 +151,17 @@ class TieFollower:
         return np.where(tie | near, gh, own).astype(np.float32)
 
     def report(self) -> dict:
-        """Totals over every activation point: int8 elements, ties followed, disagreements (int8 and float16
-        together), the largest excess and how many followed int8 ties had an excess of at most each
-        EXCESS_BINS; the float16 rows' own counts under f16_* (module docstring)."""
+        """Totals over every activation point: int8 elements, ties followed, one-level differences beyond
+        TIE_BOUND (loose_ties), disagreements (those, two levels or more, and float16 ones), the largest
+        one-level excess and how many one-level elements had an excess of at most each EXCESS_BINS; the
+        float16 rows' own counts under f16_* (module docstring)."""
         if self.calls != len(self.order):
             raise RuntimeError(f"the reference quantized {self.calls} activations, the GPU {len(self.order)}")
         total = lambda name: sum(s[name] for s in self.stats)   # noqa: E731
         return {"points": len(self.stats), "excess_bins": list(EXCESS_BINS),
                 "excess_at_most": [sum(s["excess_at_most"][k] for s in self.stats) for k in range(len(EXCESS_BINS))],
-                "elements": total("elements"), "ties": total("ties"), "disagreements": total("disagreements"),
+                "elements": total("elements"), "ties": total("ties"), "loose_ties": total("loose_ties"),
+                "disagreements": total("disagreements"), "tie_bound": TIE_BOUND,
                 "max_excess": max(s["max_excess"] for s in self.stats),
                 "f16_elements": total("f16_elements"), "f16_ties": total("f16_ties"), "f16_near": total("f16_near"),
                 "f16_disagreements": total("f16_disagreements"),
