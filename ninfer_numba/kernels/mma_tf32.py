@@ -28,13 +28,12 @@ stride ≡ 8 (mod 32).
 """
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import types, uint32
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _warp_collective
+from ninfer_numba.kernels.ptx import _warp_collective, mma_sync_f32_intrinsic
 
 _I32 = ir.IntType(32)
-_F32 = ir.FloatType()
 
 
 # ---------------------------------------------------------------- GPU: inline PTX ---------------------
@@ -42,22 +41,7 @@ _F32 = ir.FloatType()
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 
-    @intrinsic
-    def mma_tf32_1688(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        ret = types.UniTuple(types.float32, 4)
-        sig = ret(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-
-        def codegen(context, builder, sig, args):
-            regs = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
-            accs = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
-            sty = ir.LiteralStructType([_F32] * 4)
-            asm = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
-                   "{$8, $9}, {$10, $11, $12, $13};")
-            fn = ir.InlineAsm(ir.FunctionType(sty, [_I32] * 6 + [_F32] * 4), asm,
-                              ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4))
-            res = builder.call(fn, regs + accs)
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
+    mma_tf32_1688 = mma_sync_f32_intrinsic("m16n8k8.row.col.f32.tf32.tf32.f32")
 
     @intrinsic
     def split_tf32(typingctx, x):
@@ -163,3 +147,19 @@ def make_mma3_tiles(n_tiles: int):
                     ah0, ah1, ah2, ah3, bfr[4 * nt], bfr[4 * nt + 1], acc[x], acc[x + 1], acc[x + 2], acc[x + 3])
 
     return mma3_tiles
+
+
+def make_a_split_loader(stride: int):
+    """Device function ``load_a_split(smem, p) -> (hi0, hi1, hi2, hi3, lo0, lo1, lo2, lo3)``: the split A
+    fragment of a row-major float32 tile in shared memory with row stride ``stride``, where ``p`` (unsigned)
+    is the lane's element A[g, t] (a1 and a3 are 8 rows further, a2 and a3 4 columns further)."""
+
+    @cuda.jit(device=True, inline=True)
+    def load_a_split(smem, p):
+        h0, l0 = split_tf32(smem[p])
+        h1, l1 = split_tf32(smem[p + uint32(8 * stride)])
+        h2, l2 = split_tf32(smem[p + uint32(4)])
+        h3, l3 = split_tf32(smem[p + uint32(8 * stride + 4)])
+        return h0, h1, h2, h3, l0, l1, l2, l3
+
+    return load_a_split

@@ -87,6 +87,29 @@ def void_intrinsic(text: str):
     return op
 
 
+def mma_sync_f32_intrinsic(shape_types: str):
+    """An intrinsic ``mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)`` emitting
+    ``mma.sync.aligned.<shape_types>`` with four b32 A registers, two b32 B registers and float32 C / D, e.g.
+    shape_types ``"m16n8k16.row.col.f32.f16.f16.f32"`` or ``"m16n8k8.row.col.f32.tf32.tf32.f32"``."""
+    from numba.cuda.extending import intrinsic
+    asm = f"mma.sync.aligned.{shape_types} {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
+
+    @intrinsic
+    def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        ret = types.UniTuple(types.float32, 4)
+        sig = ret(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+        def codegen(context, builder, sig, args):
+            regs = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
+            accs = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4), asm,
+                              ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4))
+            res = builder.call(fn, regs + accs)
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+    return mma
+
+
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 

@@ -31,10 +31,9 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _host_view, _warp_collective, shared_address
+from ninfer_numba.kernels.ptx import _host_view, _warp_collective, mma_sync_f32_intrinsic, shared_address
 
 _I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
 _F32 = ir.FloatType()
 
 
@@ -43,22 +42,7 @@ _F32 = ir.FloatType()
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 
-    @intrinsic
-    def mma_f16_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        ret = types.UniTuple(types.float32, 4)
-        sig = ret(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-
-        def codegen(context, builder, sig, args):
-            regs = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
-            accs = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
-            sty = ir.LiteralStructType([_F32] * 4)
-            asm = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
-                   "{$8, $9}, {$10, $11, $12, $13};")
-            fn = ir.InlineAsm(ir.FunctionType(sty, [_I32] * 6 + [_F32] * 4), asm,
-                              ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4))
-            res = builder.call(fn, regs + accs)
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
+    mma_f16_16816 = mma_sync_f32_intrinsic("m16n8k16.row.col.f32.f16.f16.f32")
 
     def _ldmatrix(trans):
         asm = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +

@@ -30,7 +30,7 @@ from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_s
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.mma_tf32 import make_mma3_tiles, split_tf32
+from ninfer_numba.kernels.mma_tf32 import make_a_split_loader, make_mma3_tiles, split_tf32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 N_WARPS = 4
@@ -63,6 +63,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     f0 = float32(0.0)
     mma3_tiles = make_mma3_tiles(BT // 8)
     mma3_batch = make_mma3_tiles(NB)
+    load_k = make_a_split_loader(KP)             # k and q rows
+    load_t = make_a_split_loader(AP)             # T rows
     stage = make_row_stager(TPB, S // 4, BT)
 
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 2)}
@@ -112,14 +114,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
         ra = (16 * w + gq) * KP + t                      # A[g, t] of the warp's tile in s_k / s_qv
         rb = gq * KP + t                                 # B[t, g] = K[8nt + g, 8ks + t]
         for ks in range(KS):
-            kh0, kl0 = split_tf32(smem[uint32(ra + 8 * ks)])
-            kh1, kl1 = split_tf32(smem[uint32(ra + 8 * KP + 8 * ks)])
-            kh2, kl2 = split_tf32(smem[uint32(ra + 8 * ks + 4)])
-            kh3, kl3 = split_tf32(smem[uint32(ra + 8 * KP + 8 * ks + 4)])
-            qh0, ql0 = split_tf32(smem[uint32(OFF_QV + ra + 8 * ks)])
-            qh1, ql1 = split_tf32(smem[uint32(OFF_QV + ra + 8 * KP + 8 * ks)])
-            qh2, ql2 = split_tf32(smem[uint32(OFF_QV + ra + 8 * ks + 4)])
-            qh3, ql3 = split_tf32(smem[uint32(OFF_QV + ra + 8 * KP + 8 * ks + 4)])
+            kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra + 8 * ks))
+            qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra + 8 * ks))
             for nt in range(BT // 8):
                 if nt <= 2 * w + 1:
                     bfr[4 * nt], bfr[4 * nt + 2] = split_tf32(smem[uint32(rb + 8 * nt * KP + 8 * ks)])
@@ -178,10 +174,7 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
             for x in range(4 * NB):
                 acc_k[x] = f0
             for ks in range(2 * w + 2):
-                th0, tl0 = split_tf32(smem[uint32(rt + 8 * ks)])
-                th1, tl1 = split_tf32(smem[uint32(rt + 8 * AP + 8 * ks)])
-                th2, tl2 = split_tf32(smem[uint32(rt + 8 * ks + 4)])
-                th3, tl3 = split_tf32(smem[uint32(rt + 8 * AP + 8 * ks + 4)])
+                th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt + 8 * ks))
                 r0 = 8 * ks + t                          # B rows (chunk rows) of b0 and b1
                 r1 = r0 + 4
                 if is_w:

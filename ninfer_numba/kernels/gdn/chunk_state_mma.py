@@ -31,7 +31,7 @@ from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_s
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.mma_tf32 import make_mma3_tiles, split_tf32
+from ninfer_numba.kernels.mma_tf32 import make_a_split_loader, make_mma3_tiles, split_tf32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 N_WARPS = 8
@@ -82,6 +82,8 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
     f0 = float32(0.0)
     mma3_a = make_mma3_tiles(NTW)
     mma3_c = make_mma3_tiles(NTV)
+    load_w = make_a_split_loader(WP)             # W and q rows
+    load_p = make_a_split_loader(PP)             # P rows
     stage_s = make_row_stager(TPB, S // 4, BT)          # rows of S floats: W, q, k
     stage_p = make_row_stager(TPB, BT // 4, BT)         # rows of BT floats: P
 
@@ -168,14 +170,8 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                 acc_w[x] = f0
                 acc_q[x] = f0
             for ks in range(KS):
-                wh0, wl0 = split_tf32(smem[uint32(ra + 8 * ks)])
-                wh1, wl1 = split_tf32(smem[uint32(ra + 8 * WP + 8 * ks)])
-                wh2, wl2 = split_tf32(smem[uint32(ra + 8 * ks + 4)])
-                wh3, wl3 = split_tf32(smem[uint32(ra + 8 * WP + 8 * ks + 4)])
-                qh0, ql0 = split_tf32(smem[uint32(OFF_Q + ra + 8 * ks)])
-                qh1, ql1 = split_tf32(smem[uint32(OFF_Q + ra + 8 * WP + 8 * ks)])
-                qh2, ql2 = split_tf32(smem[uint32(OFF_Q + ra + 8 * ks + 4)])
-                qh3, ql3 = split_tf32(smem[uint32(OFF_Q + ra + 8 * WP + 8 * ks + 4)])
+                wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3 = load_w(smem, uint32(ra + 8 * ks))
+                qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_w(smem, uint32(OFF_Q + ra + 8 * ks))
                 load_b_a(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP + cb, bfr)
                 mma3_a(acc_w, 0, NTW, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
                 mma3_a(acc_q, 0, NTW, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
@@ -199,10 +195,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                     acc_q[4 * nt + e] *= smem[uint32(OFF_EG + 16 * rw + gq + 8 * (e >> 1))]
             rp = OFF_P + (16 * rw + gq) * PP + t
             for ks in range(2 * rw + 2):
-                ph0, pl0 = split_tf32(smem[uint32(rp + 8 * ks)])
-                ph1, pl1 = split_tf32(smem[uint32(rp + 8 * PP + 8 * ks)])
-                ph2, pl2 = split_tf32(smem[uint32(rp + 8 * ks + 4)])
-                ph3, pl3 = split_tf32(smem[uint32(rp + 8 * PP + 8 * ks + 4)])
+                ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3 = load_p(smem, uint32(rp + 8 * ks))
                 load_b_a(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP + cb, bfr)
                 mma3_a(acc_q, 0, NTW, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
             for nt in range(NTW):
