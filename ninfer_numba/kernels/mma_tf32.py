@@ -31,7 +31,7 @@ from llvmlite import ir
 from numba import types, uint32
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _warp_collective, mma_sync_f32_intrinsic
+from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic, mma_sync_f32_twin
 
 _I32 = ir.IntType(32)
 
@@ -93,12 +93,7 @@ def _mma_tf32_from_fragments(frags):
 
 
 def _make_fallbacks():
-    @cuda.jit(device=True)
-    def mma_tf32_1688(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        lane, d = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3, b0, b1)), _mma_tf32_from_fragments)
-        g, t = lane >> 2, lane & 3
-        return (np.float32(d[g, 2 * t] + c0), np.float32(d[g, 2 * t + 1] + c1),
-                np.float32(d[g + 8, 2 * t] + c2), np.float32(d[g + 8, 2 * t + 1] + c3))
+    mma_tf32_1688 = mma_sync_f32_twin(_mma_tf32_from_fragments)
 
     @cuda.jit(device=True)
     def split_tf32(x):

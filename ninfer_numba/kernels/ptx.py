@@ -298,6 +298,18 @@ def _sim_dp4a(a, b, c):
     return _wrap_s32(s)
 
 
+def mma_sync_f32_twin(product):
+    """The simulator's stand-in for an intrinsic of ``mma_sync_f32_intrinsic``: ``product`` maps the 32 lanes'
+    (a0, a1, a2, a3, b0, b1) to A·B (float64 [16, 8]); each lane gets its C/D fragment plus c."""
+    @cuda.jit(device=True)
+    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        lane, d = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3, b0, b1)), product)
+        g, t = lane >> 2, lane & 3
+        return (np.float32(d[g, 2 * t] + c0), np.float32(d[g, 2 * t + 1] + c1),
+                np.float32(d[g + 8, 2 * t] + c2), np.float32(d[g + 8, 2 * t + 1] + c3))
+    return mma
+
+
 def _make_fallbacks():
     @cuda.jit(device=True)
     def dp4a(a, b, c):

@@ -31,7 +31,8 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _host_view, _warp_collective, mma_sync_f32_intrinsic, shared_address
+from ninfer_numba.kernels.ptx import (_host_view, _warp_collective, mma_sync_f32_intrinsic, mma_sync_f32_twin,
+                                     shared_address)
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
@@ -129,12 +130,7 @@ def _make_fallbacks():
     ld_plain = _ldmatrix_from_addresses(False)
     ld_trans = _ldmatrix_from_addresses(True)
 
-    @cuda.jit(device=True)
-    def mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        lane, d = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3, b0, b1)), _mma_f16_from_fragments)
-        g, t = lane >> 2, lane & 3
-        return (np.float32(d[g, 2 * t] + c0), np.float32(d[g, 2 * t + 1] + c1),
-                np.float32(d[g + 8, 2 * t] + c2), np.float32(d[g + 8, 2 * t + 1] + c3))
+    mma_f16_16816 = mma_sync_f32_twin(_mma_f16_from_fragments)
 
     @cuda.jit(device=True)
     def ldmatrix_x4(smem, idx):
