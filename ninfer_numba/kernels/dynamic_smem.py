@@ -6,14 +6,17 @@ specialization the arguments select and raises its limit, once per kernel, argum
 """
 from __future__ import annotations
 
-from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 STATIC_SMEM_LIMIT = 48 * 1024           # bytes a launch may ask for without the attribute
 _OPTED_IN: set = set()
 
 
 def allow_dynamic_smem(kernel, args, nbytes: int) -> None:
-    """Raise ``kernel``'s dynamic shared-memory limit to ``nbytes`` for the specialization of ``args``."""
+    """Raise ``kernel``'s dynamic shared-memory limit to ``nbytes`` for the specialization of ``args``; nothing
+    to do at or under the default 48 KiB, or under the simulator."""
+    if SIMULATOR or nbytes <= STATIC_SMEM_LIMIT:
+        return
     from numba.cuda.cudadrv.driver import binding, driver
     argtypes = tuple(kernel.typeof_pyval(a) for a in args)
     key = (kernel, argtypes, cuda.get_current_device().id)

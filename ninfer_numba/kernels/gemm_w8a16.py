@@ -54,7 +54,7 @@ from numba import types, uint32
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels import ptx_sm90 as sm90
-from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
+from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.quant_ref import QK
@@ -284,7 +284,6 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = No
     kernel = _kernel(ba)
     args = (wq, _scale_bits(ws), xh, out, 1 if accumulate else 0)
     nbytes = smem_bytes(ba)
-    if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
-        allow_dynamic_smem(kernel, args, nbytes)
+    allow_dynamic_smem(kernel, args, nbytes)
     grid = -(-m // ba) * -(-n // BW)
     kernel[grid, TPB, stream, nbytes](*args)

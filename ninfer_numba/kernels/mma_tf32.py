@@ -7,8 +7,9 @@
 - ``mma_tf32_1688(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: warp-wide
   ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``, D = A·B + C; a*/b* are tf32 bit patterns
   (uint32), c* and the returned (d0, d1, d2, d3) float32. Products of two tf32 values are exact in float32.
-- ``mma3_tf32(a_hi, a_lo, b_hi, b_lo, c)``: A·B to about float32 accuracy as hi·hi + hi·lo + lo·hi (the
-  lo·lo term, below 2^-20 relative, is dropped): three mma on one accumulator (a device function over 4-tuples).
+- ``make_mma3_tiles(n)``: A·B to about float32 accuracy for n n8 tiles as hi·hi + hi·lo + lo·hi (the lo·lo
+  term, below 2^-20 relative, is dropped); ``make_a_split_loader(stride)``: a split A fragment from shared
+  memory.
 
 Why 3xTF32 and not f16: the GDN prefill is tested against float64 within a budget derived from float32
 rounding (tests/kernels/gdn_cases.py, ~(S + 64)·2^-24 per chunk). A single f16 or tf32 rounding of the
@@ -105,15 +106,6 @@ def _make_fallbacks():
 
 
 mma_tf32_1688, split_tf32 = _make_fallbacks() if SIMULATOR else _make_intrinsics()
-
-
-@cuda.jit(device=True, inline=True)
-def mma3_tf32(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3):
-    """(c0..c3) + A·B with A = ah + al, B = bh + bl (split_tf32 halves): hi·lo and lo·hi first, so the small
-    terms meet the accumulator before the large one."""
-    c0, c1, c2, c3 = mma_tf32_1688(al0, al1, al2, al3, bh0, bh1, c0, c1, c2, c3)
-    c0, c1, c2, c3 = mma_tf32_1688(ah0, ah1, ah2, ah3, bl0, bl1, c0, c1, c2, c3)
-    return mma_tf32_1688(ah0, ah1, ah2, ah3, bh0, bh1, c0, c1, c2, c3)
 
 
 def make_mma3_tiles(n_tiles: int):

@@ -45,7 +45,7 @@ from numba import types
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import ldmatrix_x4, ldmatrix_x4_trans, mma_f16_16816, pack_f16x2
-from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
+from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
@@ -302,6 +302,5 @@ def launch_prefill_mma(q, k_cache, v_cache, pos0_buf, proj, out, *, stream=0, n_
     kernel = _prefill_mma_kernel(H, Hkv, D, n_warps)
     nbytes = smem_bytes(D, n_warps)
     args = (q, k_cache, v_cache, pos0_buf, proj, out)
-    if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
-        allow_dynamic_smem(kernel, args, nbytes)
+    allow_dynamic_smem(kernel, args, nbytes)
     kernel[launch_grid(T, H, n_warps), 32 * n_warps, stream, nbytes](*args)

@@ -26,7 +26,7 @@ from functools import lru_cache
 from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
+from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.kernel_cache import cached_jit
@@ -209,6 +209,5 @@ def launch_chunk_intra_mma(ws, T: int, stream=0) -> None:
     kernel = chunk_intra_mma_kernel(ws.S, ws.Hk, ws.Hv)
     args = (ws.u, ws.beta, ws.g, ws.G, ws.W, ws.U, ws.P, T)
     nbytes = 4 * intra_smem_words(ws.S)
-    if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
-        allow_dynamic_smem(kernel, args, nbytes)
+    allow_dynamic_smem(kernel, args, nbytes)
     kernel[((T + BT - 1) // BT, ws.Hv), TPB, stream, nbytes](*args)

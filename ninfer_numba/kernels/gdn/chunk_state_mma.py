@@ -27,7 +27,7 @@ from functools import lru_cache
 from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.dynamic_smem import STATIC_SMEM_LIMIT, allow_dynamic_smem
+from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.kernel_cache import cached_jit
@@ -109,6 +109,25 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
     load_b_a = make_load_b(NTW)
     load_b_c = make_load_b(NTV)
 
+    @cuda.jit(device=True, inline=True)
+    def stage_wq(smem, W, u, j, kh, Tw, ncol, t0, c):
+        """cp.async the W and q rows of the chunk at t0 (c rows); no commit."""
+        stage_s(smem, 0, WP, W, (j * Tw + t0) * S, S, c, False)
+        stage_s(smem, OFF_Q, WP, u, t0 * ncol + kh * S, ncol, c, False)
+
+    @cuda.jit(device=True, inline=True)
+    def stage_kp_decay(smem, u, P, G_cum, j, kh, Tw, ncol, t0, c):
+        """cp.async the k rows (rows >= c zero) and P rows of the chunk at t0; its factors e^(G_i) and
+        e^(G_last - G_i) (0 past the end) into s_eg, s_ek with plain stores; no commit."""
+        stage_s(smem, OFF_K, KP, u, t0 * ncol + K0 + kh * S, ncol, c, True)
+        stage_p(smem, OFF_P, PP, P, (j * Tw + t0) * BT, BT, c, False)
+        tid = cuda.threadIdx.x
+        if tid < BT:
+            g_last = G_cum[uint32(j), uint32(t0 + c - 1)]
+            gi = G_cum[uint32(j), uint32(t0 + tid)] if tid < c else g_last
+            smem[uint32(OFF_EG + tid)] = math.exp(gi)
+            smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c else f0
+
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 1)}
 
     @cached_jit(**occupancy)
@@ -139,19 +158,12 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
         for e in range(tid, S * BV, TPB):
             r = e // BV
             put_h(smem, smem_u, r, e - r * BV, state[uint32(j), uint32(r), uint32(v0 + e - r * BV)])
-        # prologue: W, Q of chunk 0 (group), then K, P of chunk 0 (group), e^G factors
+        # prologue: W, Q of chunk 0 (one group), then K, P and the e^G factors of chunk 0 (the next group)
         c = min(BT, T)
-        stage_s(smem, 0, WP, W, j * Tw * S, S, c, False)
-        stage_s(smem, OFF_Q, WP, u, kh * S, ncol, c, False)
+        stage_wq(smem, W, u, j, kh, Tw, ncol, 0, c)
         ptx.cp_async_commit()
-        stage_s(smem, OFF_K, KP, u, K0 + kh * S, ncol, c, True)
-        stage_p(smem, OFF_P, PP, P, j * Tw * BT, BT, c, False)
+        stage_kp_decay(smem, u, P, G_cum, j, kh, Tw, ncol, 0, c)
         ptx.cp_async_commit()
-        if tid < BT:
-            g_last = G_cum[uint32(j), uint32(c - 1)]
-            gi = G_cum[uint32(j), uint32(tid)] if tid < c else g_last
-            smem[uint32(OFF_EG + tid)] = math.exp(gi)
-            smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c else f0
 
         ra = (16 * rw + gq) * WP + t                     # A[g, t] of the warp's rows in s_w / s_q
         rb = t * HP + gq                                 # B[t, g] in the h and V' planes
@@ -184,12 +196,10 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
             ptx.cp_async_wait_all()
             cuda.syncthreads()                           # V' complete; K, P visible; s_w, s_q free
             if n + 1 < n_chunks:
-                c1 = min(BT, T - t0 - BT)
-                stage_s(smem, 0, WP, W, (j * Tw + t0 + BT) * S, S, c1, False)
-                stage_s(smem, OFF_Q, WP, u, (t0 + BT) * ncol + kh * S, ncol, c1, False)
+                stage_wq(smem, W, u, j, kh, Tw, ncol, t0 + BT, min(BT, T - t0 - BT))
             ptx.cp_async_commit()
 
-            # B. O = (e^G ⊙ Q h + P V') / √S over chunk rows 0..16w+15
+            # B. O = (e^G ⊙ Q h + P V') / √S, P's columns 0..16rw+15 (zero above the diagonal)
             for nt in range(NTW):
                 for e in range(4):
                     acc_q[4 * nt + e] *= smem[uint32(OFF_EG + 16 * rw + gq + 8 * (e >> 1))]
@@ -237,15 +247,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                                   acc_h[4 * (NTV * m + nt) + e])
             cuda.syncthreads()                           # h complete; s_k, s_p, V' and the factors free
             if n + 1 < n_chunks:
-                t1 = t0 + BT
-                c1 = min(BT, T - t1)
-                stage_s(smem, OFF_K, KP, u, t1 * ncol + K0 + kh * S, ncol, c1, True)
-                stage_p(smem, OFF_P, PP, P, (j * Tw + t1) * BT, BT, c1, False)
-                if tid < BT:
-                    g_last = G_cum[uint32(j), uint32(t1 + c1 - 1)]
-                    gi = G_cum[uint32(j), uint32(t1 + tid)] if tid < c1 else g_last
-                    smem[uint32(OFF_EG + tid)] = math.exp(gi)
-                    smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c1 else f0
+                stage_kp_decay(smem, u, P, G_cum, j, kh, Tw, ncol, t0 + BT, min(BT, T - t0 - BT))
             ptx.cp_async_commit()
 
         for e in range(tid, S * BV, TPB):
@@ -260,6 +262,5 @@ def launch_chunk_state_mma(ws, state, o_out, T: int, stream=0) -> None:
     kernel = chunk_state_mma_kernel(ws.S, ws.Hk, ws.Hv)
     args = (ws.u, ws.G, ws.W, ws.U, ws.P, state, o_out, T)
     nbytes = 4 * state_smem_words(ws.S)
-    if not SIMULATOR and nbytes > STATIC_SMEM_LIMIT:
-        allow_dynamic_smem(kernel, args, nbytes)
+    allow_dynamic_smem(kernel, args, nbytes)
     kernel[(ws.S // state_tile(ws.S), ws.Hv), TPB, stream, nbytes](*args)
