@@ -16,6 +16,9 @@
 #               files in the background; bench_gdn, error against the budget, whole-model GPU tests; then
 #               `make bench` on the 9b file, both engines on the 27b file (pp8192, pp2048, tg128), and last
 #               the GDN GPU tests up to 32K; logs under $OUT/logs (pass OUT=$OUT/r: 8 files come back)
+#   STAGE=verify: every GPU test (`make test-gpu`, 8 processes); bench_gdn of this tree and, when .cache/ab_base
+#               holds another tree's ninfer_numba + benchmarks (carry it), of that tree in the same call; both
+#               engines on the 27b file (pp8192, pp2048, tg128); logs under $OUT/logs, packed as they finish
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -147,6 +150,32 @@ gdn_accept)
   timeout 240 python3 -m pytest -q -n 6 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -p no:cacheprovider \
     > "$OUT/logs/test_gdn_gpu.log" 2>&1
   say "GDN GPU tests: $(tail -1 "$OUT/logs/test_gdn_gpu.log")"; pack logs
+  ;;
+verify)
+  pack() { tar czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; }
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+  build=$!
+  ( [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
+  ) > "$OUT/logs/make_models.log" 2>&1 &
+  gen=$!
+  if [ -d .cache/ab_base/ninfer_numba ]; then
+    ( cd .cache/ab_base && timeout 90 python3 -c "import ninfer_numba, sys; print('base tree:', ninfer_numba.__file__)" &&
+      timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill --prefill-lengths 8192 ) \
+      > "$OUT/logs/bench_gdn_base.log" 2>&1
+    say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | grep -E "tree|gdn_prefill|ms"
+  fi
+  timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages --prefill-lengths 8192 \
+    --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -16
+  timeout ${TEST_TIMEOUT:-270} python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider --durations=8 \
+    > "$OUT/logs/test_gpu_all.log" 2>&1
+  say "all GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu_all.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_all.log" | cut -c1-300 | head -20
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  wait $gen
+  timeout 150 python3 -m ninfer_numba bench --models 27b --tests pp8192,pp2048,tg128 --reps 3 --out "$OUT/bench27" \
+    > "$OUT/logs/bench_27b.log" 2>&1
+  say "27b exit $?"; grep -E "^\| 27b" "$OUT/logs/bench_27b.log"; pack bench27; pack logs
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
