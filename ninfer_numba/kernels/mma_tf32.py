@@ -109,26 +109,26 @@ mma_tf32_1688, split_tf32 = _make_fallbacks() if SIMULATOR else _make_intrinsics
 
 
 def make_mma3_tiles(n_tiles: int):
-    """Device function ``mma3_tiles(acc, acc0, n_active, ah0..ah3, al0..al3, bfr)``: for n8 tiles
-    nt < n_active (of ``n_tiles``, a compile-time constant), acc[acc0 + 4nt : +4] += A·B_nt with A = ah + al
-    and B_nt = bfr[4nt : 4nt+4] = (hi0, hi1, lo0, lo1). The three terms go in three passes over the tiles,
-    so consecutive mma are independent (one accumulator per tile, no chain of three back to back)."""
+    """Device function ``mma3_tiles(acc, acc0, first, end, ah0..ah3, al0..al3, bfr)``: for n8 tiles
+    first <= nt < end (of ``n_tiles``, a compile-time constant), acc[acc0 + 4nt : +4] += A·B_nt with
+    A = ah + al and B_nt = bfr[4nt : 4nt+4] = (hi0, hi1, lo0, lo1). The three terms go in three passes over
+    the tiles, so consecutive mma are independent (one accumulator per tile, no chain of three back to back)."""
 
     @cuda.jit(device=True, inline=True)
-    def mma3_tiles(acc, acc0, n_active, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr):
+    def mma3_tiles(acc, acc0, first, end, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr):
         for nt in range(n_tiles):
-            if nt < n_active:
+            if first <= nt < end:
                 x = acc0 + 4 * nt
                 acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_tf32_1688(
                     al0, al1, al2, al3, bfr[4 * nt], bfr[4 * nt + 1], acc[x], acc[x + 1], acc[x + 2], acc[x + 3])
         for nt in range(n_tiles):
-            if nt < n_active:
+            if first <= nt < end:
                 x = acc0 + 4 * nt
                 acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_tf32_1688(
                     ah0, ah1, ah2, ah3, bfr[4 * nt + 2], bfr[4 * nt + 3], acc[x], acc[x + 1], acc[x + 2],
                     acc[x + 3])
         for nt in range(n_tiles):
-            if nt < n_active:
+            if first <= nt < end:
                 x = acc0 + 4 * nt
                 acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_tf32_1688(
                     ah0, ah1, ah2, ah3, bfr[4 * nt], bfr[4 * nt + 1], acc[x], acc[x + 1], acc[x + 2], acc[x + 3])

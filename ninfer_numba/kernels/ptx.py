@@ -18,6 +18,7 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   l // 4 of each of the four matrices (for int8 data: exactly the mma m16n8k32 A/B fragment layout).
 - ``i32_as_f32(i)``: reinterpret the bits of an int32 as float32 (no conversion instruction).
 - ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``: butterfly shuffle over the full warp.
+- ``syncwarp()``: ``bar.warp.sync`` over the full warp (shared-memory writes of each lane visible to all).
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` intrinsics cannot run, so the same names are bound to
 ``@cuda.jit(device=True)`` Python functions. Per-thread ops (dp4a, loads, copies) are plain indexing.
@@ -212,8 +213,12 @@ def _make_intrinsics():
     def shfl_xor_f32(v, lane_mask):
         return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
 
+    @cuda.jit(device=True, inline=True)
+    def syncwarp():
+        cuda.syncwarp(FULL_MASK)
+
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
+            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -365,8 +370,12 @@ def _make_fallbacks():
         lane, vals = _warp_collective(float(v), list)
         return np.float32(vals[lane ^ lane_mask])
 
+    @cuda.jit(device=True)
+    def syncwarp():
+        _warp_collective(0, len)
+
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32)
+            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
 
 
 def _accept_shared_alignment():
@@ -400,5 +409,5 @@ if SIMULATOR:
     _accept_shared_alignment()
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
- cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32) = (
+ cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

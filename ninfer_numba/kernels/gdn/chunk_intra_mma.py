@@ -1,21 +1,25 @@
-"""GDN prefill intra-chunk solve v3 on tensor cores (3xTF32 mma.sync): G, W, U and P of one chunk.
+"""GDN prefill intra-chunk solve v4 on tensor cores (3xTF32 mma.sync): G, W, U and P of one chunk.
 
 Computes the intra-chunk part of chunk_form.py with every product on the tensor cores at float32 accuracy
 (mma_tf32.py): A = K Kᵀ and Q Kᵀ, then W = T (b e^G ⊙ K) and U = T (b ⊙ V) with T = (I + A)⁻¹ formed
-explicitly by forward substitution (v2 solved for the 2S right-hand sides directly: 2S dependent chains of
-up to 64 steps per block, the bulk of its 1.46 ms at 9B / 8K).
+explicitly by 16x16 blocks (tri_inverse.py).
 
-Block per (chunk, value head), 4 warps; warp w owns chunk rows 16w..16w+15 (one m16 tile) in every product.
+Block per (chunk, value head), 4 warps. The products are triangular, so work is split by tiles, not rows:
+in K Kᵀ / Q Kᵀ each warp takes 5 of the 20 (m16 row tile, n8 tile) pairs at or below the diagonal
+(`kq_slot`); in W / U warps 0 and 2 take W, 1 and 3 take U, each on the row tiles {3, 0} or {2, 1}, which
+is 10 k8 steps of T per output column for every warp. (v3 gave warp w row tile w everywhere: warp 3 did
+four times warp 0's work, and T came from a 64-row substitution, one column per thread.)
 Dynamic shared memory, float32 words, rows padded for conflict-free fragment reads (mma_tf32.py):
   s_k  [BT, S+4]    the chunk's k rows (A operand of K Kᵀ, B operand of both K Kᵀ and W)
   s_qv [BT, S+8]    q rows (A operand of Q Kᵀ), then v rows (B operand of U)
-  s_a  [BT, BT+4]   A, strictly lower (rows past the chunk's end are 0: their b is 0)
-  s_t  [BT, BT+4]   T = (I + A)⁻¹, lower with unit diagonal, zero above
+  s_a  [BT, BT+4]   A, strictly lower, only the part below the diagonal written (rows past the chunk's
+                    end are 0: their b is 0)
+  s_t  [BT, BT+4]   T = (I + A)⁻¹, lower with unit diagonal; the diagonal blocks zero above the diagonal,
+                    the blocks above them never written nor read
   s_b, s_g, s_bg [BT]  b, cumulative G, b·e^G (rows past the end: b = 0, G = G_last so every exponent <= 0)
-Steps (barriers between): 1. cp.async k, q rows; gates and G  2. K Kᵀ, Q Kᵀ on the tiles at or below the
-diagonal (warp w: n8 tiles 0..2w+1) -> A into s_a, P (zero above the diagonal) out  3. cp.async v rows;
-T by forward substitution, one column per thread of warps 0-1, warps 2-3 zero the upper triangle
-4. W and U in batches of NB n8 tiles, k-steps 0..2w+1 only (T is zero beyond the diagonal).
+Steps (barriers between): 1. cp.async k, q rows; gates and G  2. K Kᵀ, Q Kᵀ -> A into s_a, P (zero above
+the diagonal) out  3. cp.async v rows; T  4. W and U in batches of NB n8 tiles, k-steps up to the
+diagonal block only.
 
 Outputs (prefill workspace, chunk_form.py): G_out [Hv, T], W_out, U_out [Hv, T, S], P_out [Hv, T, BT]
 (row i, columns 0..16·(i//16)+15 written; zero above the diagonal).
@@ -29,6 +33,7 @@ from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
+from ninfer_numba.kernels.gdn.tri_inverse import make_tri_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.mma_tf32 import make_a_split_loader, make_mma3_tiles, split_tf32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
@@ -36,6 +41,19 @@ from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 N_WARPS = 4
 TPB = 32 * N_WARPS
 AP = BT + 4                      # row stride of s_a and s_t
+
+
+@cuda.jit(device=True, inline=True)
+def kq_slot(idx):
+    """(row tile, n8 tile) of slot idx of the 20 pairs at or below the diagonal of K Kᵀ / Q Kᵀ, ordered so
+    that warp w's slots 5w..5w+4 span at most two row tiles: row tile 3 (8), 0 (2), 2 (6), 1 (4)."""
+    if idx < 8:
+        return 3, idx
+    if idx < 10:
+        return 0, idx - 8
+    if idx < 16:
+        return 2, idx - 10
+    return 1, idx - 16
 
 
 def intra_smem_words(S: int) -> int:
@@ -55,14 +73,17 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     OFF_G = OFF_B + BT
     OFF_BG = OFF_G + BT
     KS = S // 8                  # k8 steps over the head dimension
-    NB = min(8, S // 8)          # n8 tiles per batch of W / U (a batch never straddles W and U)
-    NBATCH = 2 * S // (8 * NB)
+    NB = max(d for d in range(1, 9) if (S // 8) % d == 0)     # n8 tiles per batch of W or U
+    NBATCH = S // (8 * NB)
     K0 = Hk * S                  # u column of key head 0
     V0 = 2 * Hk * S              # u column of value head 0
-    ACC = 4 * (BT // 8)          # accumulator words of one product row tile (8 n8 tiles)
+    ACC_KQ = 4 * 5               # accumulator words of a warp's 5 (row tile, n8 tile) slots of K Kᵀ / Q Kᵀ
+    ACC_B = 4 * NB               # accumulator words of a batch of W or U on one row tile
+    BFR = 4 * max(5, NB)
     f0 = float32(0.0)
-    mma3_tiles = make_mma3_tiles(BT // 8)
+    mma3_kq = make_mma3_tiles(5)
     mma3_batch = make_mma3_tiles(NB)
+    tri_inverse = make_tri_inverse(AP, OFF_A, OFF_T)
     load_k = make_a_split_loader(KP)             # k and q rows
     load_t = make_a_split_loader(AP)             # T rows
     stage = make_row_stager(TPB, S // 4, BT)
@@ -73,9 +94,11 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     def chunk_intra_mma(u, beta, g, G_out, W_out, U_out, P_out, T):
         # u: [T, C] f32, beta, g: [T, Hv] f32 -> G_out: [Hv, T], W_out, U_out: [Hv, T, S], P_out: [Hv, T, BT]
         smem = cuda.shared.array(0, types.float32, alignment=16)
-        acc_k = cuda.local.array(ACC, float32)          # [n8 tile, c0..c3] K Kᵀ, then W / U batches
-        acc_q = cuda.local.array(ACC, float32)          # [n8 tile, c0..c3] Q Kᵀ
-        bfr = cuda.local.array(ACC, types.uint32)       # [n8 tile, hi0, hi1, lo0, lo1] B fragments
+        acc_k = cuda.local.array(ACC_KQ, float32)       # [slot, c0..c3] K Kᵀ
+        acc_q = cuda.local.array(ACC_KQ, float32)       # [slot, c0..c3] Q Kᵀ
+        acc_hi = cuda.local.array(ACC_B, float32)      # [n8 tile, c0..c3] W or U rows of tile r_hi
+        acc_lo = cuda.local.array(ACC_B, float32)      # and of tile r_lo
+        bfr = cuda.local.array(BFR, types.uint32)       # [slot or n8 tile, hi0, hi1, lo0, lo1] B fragments
         tid = cuda.threadIdx.x
         lane = tid & 31
         w = tid >> 5
@@ -107,74 +130,70 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
         ptx.cp_async_wait_all()
         cuda.syncthreads()
 
-        # 2. K Kᵀ and Q Kᵀ: warp w rows 16w.., n8 tiles 0..2w+1 (the rest is above the diagonal)
-        for x in range(ACC):
+        # 2. K Kᵀ and Q Kᵀ on the 20 (row tile, n8 tile) pairs at or below the diagonal, 5 per warp
+        for x in range(ACC_KQ):
             acc_k[x] = f0
             acc_q[x] = f0
-        ra = (16 * w + gq) * KP + t                      # A[g, t] of the warp's tile in s_k / s_qv
-        rb = gq * KP + t                                 # B[t, g] = K[8nt + g, 8ks + t]
+        r1, _ = kq_slot(5 * w)                           # the warp's one or two row tiles
+        r2, _ = kq_slot(5 * w + 4)
+        n1 = 0                                           # its slots on row tile r1
+        for s in range(5):
+            r, _ = kq_slot(5 * w + s)
+            if r == r1:
+                n1 += 1
+        ra1 = (16 * r1 + gq) * KP + t                    # A[g, t] of row tile r1 in s_k / s_qv
+        ra2 = (16 * r2 + gq) * KP + t
         for ks in range(KS):
-            kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra + 8 * ks))
-            qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra + 8 * ks))
-            for nt in range(BT // 8):
-                if nt <= 2 * w + 1:
-                    bfr[4 * nt], bfr[4 * nt + 2] = split_tf32(smem[uint32(rb + 8 * nt * KP + 8 * ks)])
-                    bfr[4 * nt + 1], bfr[4 * nt + 3] = split_tf32(smem[uint32(rb + 8 * nt * KP + 8 * ks + 4)])
-            mma3_tiles(acc_k, 0, 2 * w + 2, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
-            mma3_tiles(acc_q, 0, 2 * w + 2, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
-        for nt in range(BT // 8):
-            if nt <= 2 * w + 1:
-                for e in range(4):
-                    i = 16 * w + gq + 8 * (e >> 1)
-                    jj = 8 * nt + 2 * t + (e & 1)
-                    if jj <= i:
-                        decay = math.exp(smem[uint32(OFF_G + i)] - smem[uint32(OFF_G + jj)])          # exponent <= 0
-                        pij = acc_q[4 * nt + e] * decay
-                        if jj < i:
-                            smem[uint32(OFF_A + i * AP + jj)] = smem[uint32(OFF_B + i)] * acc_k[4 * nt + e] * decay
-                    else:
-                        pij = f0
-                    if i < c:
-                        P_out[uint32(j), uint32(t0 + i), uint32(jj)] = pij
-        cuda.syncthreads()                               # q rows read: s_qv is free for v
+            for s in range(5):                           # B[t, g] = K[8nt + g, 8ks + t]
+                _, nt = kq_slot(5 * w + s)
+                rb = (8 * nt + gq) * KP + 8 * ks + t
+                bfr[4 * s], bfr[4 * s + 2] = split_tf32(smem[uint32(rb)])
+                bfr[4 * s + 1], bfr[4 * s + 3] = split_tf32(smem[uint32(rb + 4)])
+            kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra1 + 8 * ks))
+            qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra1 + 8 * ks))
+            mma3_kq(acc_k, 0, 0, n1, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
+            mma3_kq(acc_q, 0, 0, n1, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+            if n1 < 5:
+                kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra2 + 8 * ks))
+                qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra2 + 8 * ks))
+                mma3_kq(acc_k, 0, n1, 5, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
+                mma3_kq(acc_q, 0, n1, 5, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+        for s in range(5):
+            r, nt = kq_slot(5 * w + s)
+            for e in range(4):
+                i = 16 * r + gq + 8 * (e >> 1)
+                jj = 8 * nt + 2 * t + (e & 1)
+                if jj <= i:
+                    decay = math.exp(smem[uint32(OFF_G + i)] - smem[uint32(OFF_G + jj)])          # exponent <= 0
+                    pij = acc_q[4 * s + e] * decay
+                    if jj < i:
+                        smem[uint32(OFF_A + i * AP + jj)] = smem[uint32(OFF_B + i)] * acc_k[4 * s + e] * decay
+                else:
+                    pij = f0
+                if i < c:
+                    P_out[uint32(j), uint32(t0 + i), uint32(jj)] = pij
+        cuda.syncthreads()                               # A complete; q rows read: s_qv is free for v
 
-        # 3. v rows fly while T = (I + A)⁻¹ is formed: column tid of T by forward substitution
+        # 3. v rows fly while T = (I + A)⁻¹ is formed by 16x16 blocks (tri_inverse.py)
         stage(smem, OFF_QV, VP, u, t0 * ncol + V0 + j * S, ncol, c, True)
         ptx.cp_async_commit()
-        if tid < BT:
-            col = tid
-            smem[uint32(OFF_T + col * AP + col)] = float32(1.0)
-            for i in range(col + 1, BT):                 # T[i, col] = -Σ_{col <= m < i} A[i, m] T[m, col]
-                ap = uint32(OFF_A + i * AP + col)        # walks A[i, m] along the row
-                tp = uint32(OFF_T + col * AP + col)      # walks T[m, col] down the column
-                s0 = f0
-                s1 = f0
-                for _ in range((i - col) >> 1):
-                    s0 += smem[ap] * smem[tp]
-                    s1 += smem[ap + uint32(1)] * smem[tp + uint32(AP)]
-                    ap += uint32(2)
-                    tp += uint32(2 * AP)
-                if (i - col) & 1:
-                    s0 += smem[ap] * smem[tp]
-                smem[uint32(OFF_T + i * AP + col)] = -(s0 + s1)
-        else:
-            for e in range(tid - BT, BT * BT, TPB - BT):     # zero above the diagonal
-                i = e // BT
-                m = e - i * BT
-                if m > i:
-                    smem[uint32(OFF_T + i * AP + m)] = f0
+        tri_inverse(smem)
         ptx.cp_async_wait_all()
         cuda.syncthreads()
 
-        # 4. W = T (b e^G ⊙ K), U = T (b ⊙ V): NB n8 tiles per batch, k8 steps over chunk rows 0..16w+15
-        rt = OFF_T + (16 * w + gq) * AP + t
+        # 4. W = T (b e^G ⊙ K) (warps 0, 2), U = T (b ⊙ V) (warps 1, 3), each on row tiles 3 and 0 (warps
+        # 0, 1) or 2 and 1 (warps 2, 3): 10 k8 steps of T per column for every warp; NB n8 tiles per batch
+        r_hi = 3 - (w >> 1)
+        r_lo = w >> 1
+        is_w = (w & 1) == 0
+        rt_hi = OFF_T + (16 * r_hi + gq) * AP + t
+        rt_lo = OFF_T + (16 * r_lo + gq) * AP + t
         for batch in range(NBATCH):
-            is_w = batch * NB * 8 < S
-            col0 = batch * NB * 8 - (0 if is_w else S)   # first column of the batch inside W or U
-            for x in range(4 * NB):
-                acc_k[x] = f0
-            for ks in range(2 * w + 2):
-                th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt + 8 * ks))
+            col0 = batch * NB * 8                        # first column of the batch inside W or U
+            for x in range(ACC_B):
+                acc_hi[x] = f0
+                acc_lo[x] = f0
+            for ks in range(2 * r_hi + 2):
                 r0 = 8 * ks + t                          # B rows (chunk rows) of b0 and b1
                 r1 = r0 + 4
                 if is_w:
@@ -190,16 +209,26 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
                 for nt in range(NB):
                     bfr[4 * nt], bfr[4 * nt + 2] = split_tf32(s0 * smem[uint32(p0 + 8 * nt)])
                     bfr[4 * nt + 1], bfr[4 * nt + 3] = split_tf32(s1 * smem[uint32(p1 + 8 * nt)])
-                mma3_batch(acc_k, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
+                th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt_hi + 8 * ks))
+                mma3_batch(acc_hi, 0, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
+                if ks < 2 * r_lo + 2:
+                    th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt_lo + 8 * ks))
+                    mma3_batch(acc_lo, 0, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
             for nt in range(NB):
                 for e in range(4):
-                    i = 16 * w + gq + 8 * (e >> 1)
                     d = col0 + 8 * nt + 2 * t + (e & 1)
-                    if i < c:
-                        if is_w:
-                            W_out[uint32(j), uint32(t0 + i), uint32(d)] = acc_k[4 * nt + e]
-                        else:
-                            U_out[uint32(j), uint32(t0 + i), uint32(d)] = acc_k[4 * nt + e]
+                    i_hi = 16 * r_hi + gq + 8 * (e >> 1)
+                    i_lo = 16 * r_lo + gq + 8 * (e >> 1)
+                    if is_w:
+                        if i_hi < c:
+                            W_out[uint32(j), uint32(t0 + i_hi), uint32(d)] = acc_hi[4 * nt + e]
+                        if i_lo < c:
+                            W_out[uint32(j), uint32(t0 + i_lo), uint32(d)] = acc_lo[4 * nt + e]
+                    else:
+                        if i_hi < c:
+                            U_out[uint32(j), uint32(t0 + i_hi), uint32(d)] = acc_hi[4 * nt + e]
+                        if i_lo < c:
+                            U_out[uint32(j), uint32(t0 + i_lo), uint32(d)] = acc_lo[4 * nt + e]
 
     return chunk_intra_mma
 

@@ -185,8 +185,8 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                 wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3 = load_w(smem, uint32(ra + 8 * ks))
                 qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_w(smem, uint32(OFF_Q + ra + 8 * ks))
                 load_b_a(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP + cb, bfr)
-                mma3_a(acc_w, 0, NTW, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
-                mma3_a(acc_q, 0, NTW, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+                mma3_a(acc_w, 0, 0, NTW, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
+                mma3_a(acc_q, 0, 0, NTW, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
             for nt in range(NTW):                        # V' = U - W h; rows past the chunk's end are 0
                 for e in range(4):
                     i = 16 * rw + gq + 8 * (e >> 1)
@@ -207,7 +207,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
             for ks in range(2 * rw + 2):
                 ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3 = load_p(smem, uint32(rp + 8 * ks))
                 load_b_a(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP + cb, bfr)
-                mma3_a(acc_q, 0, NTW, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
+                mma3_a(acc_q, 0, 0, NTW, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
             for nt in range(NTW):
                 for e in range(4):
                     i = 16 * rw + gq + 8 * (e >> 1)
@@ -237,7 +237,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                         ah1, al1 = split_tf32(s0 * smem[uint32(pk + 8)])
                         ah2, al2 = split_tf32(s1 * smem[uint32(pk + 4 * KP)])
                         ah3, al3 = split_tf32(s1 * smem[uint32(pk + 4 * KP + 8)])
-                        mma3_c(acc_h, 4 * NTV * m, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
+                        mma3_c(acc_h, 4 * NTV * m, 0, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
             for m in range(MTW):
                 mt = w + N_WARPS * m
                 if mt < MT:
