@@ -19,6 +19,8 @@
 #   STAGE=verify: every GPU test (`make test-gpu`, 8 processes); bench_gdn of this tree and, when .cache/ab_base
 #               holds another tree's ninfer_numba + benchmarks (carry it), of that tree in the same call; both
 #               engines on the 27b file (pp8192, pp2048, tg128); logs under $OUT/logs, packed as they finish
+#   STAGE=gdn_check: bench_gdn of .cache/ab_base if there; GDN GPU tests below 32K, bench_gdn (8K), error against the budget (T 64, 8K), then ncu
+#               stall reasons of the intra and state kernels at 9B / 8K; logs under $OUT/logs
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -176,6 +178,31 @@ verify)
   timeout 150 python3 -m ninfer_numba bench --models 27b --tests pp8192,pp2048,tg128 --reps 3 --out "$OUT/bench27" \
     > "$OUT/logs/bench_27b.log" 2>&1
   say "27b exit $?"; grep -E "^\| 27b" "$OUT/logs/bench_27b.log"; pack bench27; pack logs
+  ;;
+gdn_check)
+  if [ -d .cache/ab_base/ninfer_numba ]; then       # the same stages of another tree first (A/B in one call)
+    ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
+      --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
+    say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
+  fi
+  timeout 200 python3 -m pytest -q -n 6 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -k "not T32768" \
+    -p no:cacheprovider > "$OUT/logs/test_gdn_gpu.log" 2>&1
+  say "GDN GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gdn_gpu.log")"
+  grep -E "^(FAILED|E  )" "$OUT/logs/test_gdn_gpu.log" | cut -c1-300 | head -20
+  timeout 100 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages --prefill-lengths 8192 \
+    --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -12
+  timeout 100 python3 -m benchmarks.kernels.gdn_error_margin --shapes 9B,27B --T 64,8192 > "$OUT/logs/gdn_error.log" 2>&1
+  say "GDN error against the budget (exit $?):"; grep "rel RMS" "$OUT/logs/gdn_error.log"
+  for k in chunk_intra_mma chunk_state_mma; do
+    timeout 120 ncu --clock-control none -k "regex:$k" -c 1 --section SpeedOfLight --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section InstructionStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      python3 -m benchmarks.kernels.bench_gdn --model 9b --only stages > "$OUT/logs/ncu_$k.log" 2>&1
+    say "ncu $k (exit $?):"; grep -E "Duration|Throughput|Issued Ipc|Eligible|Warp Cycles|Achieved Occ|stalled" \
+      "$OUT/logs/ncu_$k.log" | awk '!/stalled/ || $NF+0 > 0.1' | head -30
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
