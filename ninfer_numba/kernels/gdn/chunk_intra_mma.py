@@ -88,6 +88,27 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     load_t = make_a_split_loader(AP)             # T rows
     stage = make_row_stager(TPB, S // 4, BT)
 
+    @cuda.jit(device=True, inline=True)
+    def kq_products(smem, acc_k, acc_q, bfr, w, gq, t, ra1, ra2, N1):
+        """K Kᵀ and Q Kᵀ of the warp's 5 slots, the first N1 on the row tile at ra1, the rest at ra2."""
+        for ks0 in range(0, KS, 2):                      # pairs of k8 steps: one basic block for ptxas
+            for uu in range(2):
+                ks = ks0 + uu
+                for s in range(5):                       # B[t, g] = K[8nt + g, 8ks + t]
+                    _, nt = kq_slot(5 * w + s)
+                    rb = (8 * nt + gq) * KP + 8 * ks + t
+                    bfr[4 * s], bfr[4 * s + 2] = split_tf32(smem[uint32(rb)])
+                    bfr[4 * s + 1], bfr[4 * s + 3] = split_tf32(smem[uint32(rb + 4)])
+                kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra1 + 8 * ks))
+                qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra1 + 8 * ks))
+                mma3_kq(acc_k, 0, 0, N1, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
+                mma3_kq(acc_q, 0, 0, N1, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+                if N1 < 5:
+                    kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra2 + 8 * ks))
+                    qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra2 + 8 * ks))
+                    mma3_kq(acc_k, 0, N1, 5, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
+                    mma3_kq(acc_q, 0, N1, 5, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 2)}
 
     @cached_jit(**occupancy)
@@ -143,21 +164,12 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
                 n1 += 1
         ra1 = (16 * r1 + gq) * KP + t                    # A[g, t] of row tile r1 in s_k / s_qv
         ra2 = (16 * r2 + gq) * KP + t
-        for ks in range(KS):
-            for s in range(5):                           # B[t, g] = K[8nt + g, 8ks + t]
-                _, nt = kq_slot(5 * w + s)
-                rb = (8 * nt + gq) * KP + 8 * ks + t
-                bfr[4 * s], bfr[4 * s + 2] = split_tf32(smem[uint32(rb)])
-                bfr[4 * s + 1], bfr[4 * s + 3] = split_tf32(smem[uint32(rb + 4)])
-            kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra1 + 8 * ks))
-            qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra1 + 8 * ks))
-            mma3_kq(acc_k, 0, 0, n1, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
-            mma3_kq(acc_q, 0, 0, n1, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
-            if n1 < 5:
-                kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra2 + 8 * ks))
-                qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra2 + 8 * ks))
-                mma3_kq(acc_k, 0, n1, 5, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
-                mma3_kq(acc_q, 0, n1, 5, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+        if n1 == 5:                                      # N1 a constant in each copy: no branch per mma
+            kq_products(smem, acc_k, acc_q, bfr, w, gq, t, ra1, ra2, 5)
+        elif n1 == 3:
+            kq_products(smem, acc_k, acc_q, bfr, w, gq, t, ra1, ra2, 3)
+        else:
+            kq_products(smem, acc_k, acc_q, bfr, w, gq, t, ra1, ra2, 1)
         for s in range(5):
             r, nt = kq_slot(5 * w + s)
             for e in range(4):
@@ -193,27 +205,29 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
             for x in range(ACC_B):
                 acc_hi[x] = f0
                 acc_lo[x] = f0
-            for ks in range(2 * r_hi + 2):
-                r0 = 8 * ks + t                          # B rows (chunk rows) of b0 and b1
-                r1 = r0 + 4
-                if is_w:
-                    s0 = smem[uint32(OFF_BG + r0)]
-                    s1 = smem[uint32(OFF_BG + r1)]
-                    p0 = r0 * KP + col0 + gq
-                    p1 = r1 * KP + col0 + gq
-                else:
-                    s0 = smem[uint32(OFF_B + r0)]
-                    s1 = smem[uint32(OFF_B + r1)]
-                    p0 = OFF_QV + r0 * VP + col0 + gq
-                    p1 = OFF_QV + r1 * VP + col0 + gq
-                for nt in range(NB):
-                    bfr[4 * nt], bfr[4 * nt + 2] = split_tf32(s0 * smem[uint32(p0 + 8 * nt)])
-                    bfr[4 * nt + 1], bfr[4 * nt + 3] = split_tf32(s1 * smem[uint32(p1 + 8 * nt)])
-                th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt_hi + 8 * ks))
-                mma3_batch(acc_hi, 0, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
-                if ks < 2 * r_lo + 2:
-                    th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt_lo + 8 * ks))
-                    mma3_batch(acc_lo, 0, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
+            for ks0 in range(0, 2 * r_hi + 2, 2):             # pairs of k8 steps: one basic block for ptxas to schedule
+                for uu in range(2):
+                    ks = ks0 + uu
+                    r0 = 8 * ks + t                          # B rows (chunk rows) of b0 and b1
+                    r1 = r0 + 4
+                    if is_w:
+                        s0 = smem[uint32(OFF_BG + r0)]
+                        s1 = smem[uint32(OFF_BG + r1)]
+                        p0 = r0 * KP + col0 + gq
+                        p1 = r1 * KP + col0 + gq
+                    else:
+                        s0 = smem[uint32(OFF_B + r0)]
+                        s1 = smem[uint32(OFF_B + r1)]
+                        p0 = OFF_QV + r0 * VP + col0 + gq
+                        p1 = OFF_QV + r1 * VP + col0 + gq
+                    for nt in range(NB):
+                        bfr[4 * nt], bfr[4 * nt + 2] = split_tf32(s0 * smem[uint32(p0 + 8 * nt)])
+                        bfr[4 * nt + 1], bfr[4 * nt + 3] = split_tf32(s1 * smem[uint32(p1 + 8 * nt)])
+                    th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt_hi + 8 * ks))
+                    mma3_batch(acc_hi, 0, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
+                    if ks < 2 * r_lo + 2:
+                        th0, th1, th2, th3, tl0, tl1, tl2, tl3 = load_t(smem, uint32(rt_lo + 8 * ks))
+                        mma3_batch(acc_lo, 0, 0, NB, th0, th1, th2, th3, tl0, tl1, tl2, tl3, bfr)
             for nt in range(NB):
                 for e in range(4):
                     d = col0 + 8 * nt + 2 * t + (e & 1)

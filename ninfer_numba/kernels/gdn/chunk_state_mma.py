@@ -73,6 +73,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
     KS = S // 8                  # k8 steps over keys
     MT = S // 16                 # key m16 tiles of the state
     MTW = (MT + N_WARPS - 1) // N_WARPS
+    MT_FULL = MT % N_WARPS == 0  # every warp has MTW key tiles: no per-tile test (it split the mma into blocks)
     NTW = NTV // COL_GROUPS      # n8 tiles of a warp in phases A and B
     ACC_V = 4 * NTV              # fragment words of one m16 x BV tile (array sizes must be plain constants)
     ACC_A = 4 * NTW              # accumulator words of a warp's m16 x (BV / COL_GROUPS) tile
@@ -181,12 +182,14 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
             for x in range(ACC_A):
                 acc_w[x] = f0
                 acc_q[x] = f0
-            for ks in range(KS):
-                wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3 = load_w(smem, uint32(ra + 8 * ks))
-                qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_w(smem, uint32(OFF_Q + ra + 8 * ks))
-                load_b_a(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP + cb, bfr)
-                mma3_a(acc_w, 0, 0, NTW, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
-                mma3_a(acc_q, 0, 0, NTW, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
+            for ks0 in range(0, KS, 2):             # pairs of k8 steps: one basic block for ptxas to schedule
+                for uu in range(2):
+                    ks = ks0 + uu
+                    wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3 = load_w(smem, uint32(ra + 8 * ks))
+                    qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_w(smem, uint32(OFF_Q + ra + 8 * ks))
+                    load_b_a(smem_u, OFF_HH, OFF_HL, rb + 8 * ks * HP + cb, bfr)
+                    mma3_a(acc_w, 0, 0, NTW, wh0, wh1, wh2, wh3, wl0, wl1, wl2, wl3, bfr)
+                    mma3_a(acc_q, 0, 0, NTW, qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3, bfr)
             for nt in range(NTW):                        # V' = U - W h; rows past the chunk's end are 0
                 for e in range(4):
                     i = 16 * rw + gq + 8 * (e >> 1)
@@ -204,10 +207,12 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                 for e in range(4):
                     acc_q[4 * nt + e] *= smem[uint32(OFF_EG + 16 * rw + gq + 8 * (e >> 1))]
             rp = OFF_P + (16 * rw + gq) * PP + t
-            for ks in range(2 * rw + 2):
-                ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3 = load_p(smem, uint32(rp + 8 * ks))
-                load_b_a(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP + cb, bfr)
-                mma3_a(acc_q, 0, 0, NTW, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
+            for ks0 in range(0, 2 * rw + 2, 2):             # pairs of k8 steps: one basic block for ptxas to schedule
+                for uu in range(2):
+                    ks = ks0 + uu
+                    ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3 = load_p(smem, uint32(rp + 8 * ks))
+                    load_b_a(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP + cb, bfr)
+                    mma3_a(acc_q, 0, 0, NTW, ph0, ph1, ph2, ph3, pl0, pl1, pl2, pl3, bfr)
             for nt in range(NTW):
                 for e in range(4):
                     i = 16 * rw + gq + 8 * (e >> 1)
@@ -219,28 +224,30 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
             e_last = smem[uint32(OFF_EG + c - 1)]
             for m in range(MTW):
                 mt = w + N_WARPS * m
-                if mt < MT:
+                if MT_FULL or mt < MT:
                     for nt in range(NTV):
                         for e in range(4):
                             key = 16 * mt + gq + 8 * (e >> 1)
                             acc_h[4 * (NTV * m + nt) + e] = e_last * smem[uint32(OFF_H + key * HP + 8 * nt + 2 * t + (e & 1))]
-            for ks in range(BT // 8):
-                load_b_c(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
-                r0 = 8 * ks + t                          # chunk rows of a0/a1 and a2/a3
-                s0 = smem[uint32(OFF_EK + r0)]
-                s1 = smem[uint32(OFF_EK + r0 + 4)]
-                for m in range(MTW):
-                    mt = w + N_WARPS * m
-                    if mt < MT:
-                        pk = OFF_K + r0 * KP + 16 * mt + gq     # A[key g, row t] = K[row t, key g]
-                        ah0, al0 = split_tf32(s0 * smem[uint32(pk)])
-                        ah1, al1 = split_tf32(s0 * smem[uint32(pk + 8)])
-                        ah2, al2 = split_tf32(s1 * smem[uint32(pk + 4 * KP)])
-                        ah3, al3 = split_tf32(s1 * smem[uint32(pk + 4 * KP + 8)])
-                        mma3_c(acc_h, 4 * NTV * m, 0, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
+            for ks0 in range(0, BT // 8, 2):             # pairs of k8 steps: one basic block for ptxas to schedule
+                for uu in range(2):
+                    ks = ks0 + uu
+                    load_b_c(smem_u, OFF_VH, OFF_VL, rb + 8 * ks * HP, bfr)
+                    r0 = 8 * ks + t                          # chunk rows of a0/a1 and a2/a3
+                    s0 = smem[uint32(OFF_EK + r0)]
+                    s1 = smem[uint32(OFF_EK + r0 + 4)]
+                    for m in range(MTW):
+                        mt = w + N_WARPS * m
+                        if MT_FULL or mt < MT:
+                            pk = OFF_K + r0 * KP + 16 * mt + gq     # A[key g, row t] = K[row t, key g]
+                            ah0, al0 = split_tf32(s0 * smem[uint32(pk)])
+                            ah1, al1 = split_tf32(s0 * smem[uint32(pk + 8)])
+                            ah2, al2 = split_tf32(s1 * smem[uint32(pk + 4 * KP)])
+                            ah3, al3 = split_tf32(s1 * smem[uint32(pk + 4 * KP + 8)])
+                            mma3_c(acc_h, 4 * NTV * m, 0, NTV, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bfr)
             for m in range(MTW):
                 mt = w + N_WARPS * m
-                if mt < MT:
+                if MT_FULL or mt < MT:
                     for nt in range(NTV):
                         for e in range(4):
                             put_h(smem, smem_u, 16 * mt + gq + 8 * (e >> 1), 8 * nt + 2 * t + (e & 1),
