@@ -21,6 +21,8 @@
 #               engines on the 27b file (pp8192, pp2048, tg128); logs under $OUT/logs, packed as they finish
 #   STAGE=gdn_check: bench_gdn of .cache/ab_base if there; GDN GPU tests below 32K, bench_gdn (8K), error against the budget (T 64, 8K), then ncu
 #               stall reasons of the intra and state kernels at 9B / 8K; logs under $OUT/logs
+#   STAGE=gdn_final: bench_gdn of .cache/ab_base (9b) and of this tree (9b, 27b at 8K and 32K, stages), then
+#               every GPU test (8 processes); logs under $OUT/logs
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -202,6 +204,22 @@ gdn_check)
     say "ncu $k (exit $?):"; grep -E "Duration|Throughput|Issued Ipc|Eligible|Warp Cycles|Achieved Occ|stalled" \
       "$OUT/logs/ncu_$k.log" | awk '!/stalled/ || $NF+0 > 0.1' | head -30
   done
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs
+  ;;
+gdn_final)
+  if [ -d .cache/ab_base/ninfer_numba ]; then
+    ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
+      --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
+    say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
+  fi
+  timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages \
+    --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -16
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider --durations=12 \
+    > "$OUT/logs/test_gpu_all.log" 2>&1
+  say "all GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu_all.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_all.log" | cut -c1-300 | head -20
+  grep -A14 "slowest" "$OUT/logs/test_gpu_all.log" | cut -c1-150
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 ncu)
