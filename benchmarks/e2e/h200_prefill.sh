@@ -23,6 +23,8 @@
 #               stall reasons of the intra and state kernels at 9B / 8K; logs under $OUT/logs
 #   STAGE=gdn_final: bench_gdn of .cache/ab_base (9b) and of this tree (9b, 27b at 8K and 32K, stages), then
 #               every GPU test (8 processes); logs under $OUT/logs
+#   STAGE=gdn_e2e: llama.cpp build and the 9b file in the background; whole-model GPU tests and the GDN GPU
+#               tests at 32K; then `make bench` on the 9b file (both engines, BENCH_TESTS); $OUT/logs, $OUT/bench9.tgz
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -221,6 +223,21 @@ gdn_final)
   grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_all.log" | cut -c1-300 | head -20
   grep -A14 "slowest" "$OUT/logs/test_gpu_all.log" | cut -c1-150
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
+  ;;
+gdn_e2e)
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+  build=$!
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 170 python3 -m pytest -q -n 6 -m gpu tests/model "tests/kernels/test_gdn_prefill.py::test_prefill_gpu" \
+    -k "model or T32768" -p no:cacheprovider --durations=6 > "$OUT/logs/test_gpu_model_gdn32k.log" 2>&1
+  say "whole-model + GDN 32K GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu_model_gdn32k.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_model_gdn32k.log" | cut -c1-300 | head
+  wait $gen; wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  timeout 240 make bench PYTHON=python3 OFFLINE=1 \
+    BENCH_ARGS="--tests ${BENCH_TESTS:-pp512,pp2048,pp8192,pp32768,tg128} --out $OUT/bench9" > "$OUT/logs/make_bench.log" 2>&1
+  say "make bench exit $?"; grep -E "^\| 9b" "$OUT/logs/make_bench.log"
+  tar czf "$OUT/bench9.tgz" -C "$OUT" bench9; tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
