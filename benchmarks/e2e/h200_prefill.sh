@@ -30,6 +30,22 @@
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_prefill.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
+# every GPU test (`make test-gpu`) in 8 processes, within TEST_TIMEOUT seconds (~400 tests; the slowest are
+# the GDN tests at 32K, whose float64 reference takes minutes of CPU)
+gpu_tests_all() {
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider --durations=12 \
+    > "$OUT/logs/test_gpu_all.log" 2>&1
+  say "all GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu_all.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_all.log" | cut -c1-300 | head -20
+  grep -A14 "slowest" "$OUT/logs/test_gpu_all.log" | cut -c1-150
+}
+# bench_gdn (9b, 8K, prefill and stages) of the tree in .cache/ab_base, when carried: an A/B in one call
+bench_gdn_base() {
+  [ -d .cache/ab_base/ninfer_numba ] || return 0
+  ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
+    --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
+  say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
+}
 case "${STAGE:-gemm}" in
 gemm)
   timeout 90 python3 -m pytest -q -x tests/kernels/test_gemm_w8a16.py -k "small or dequant" -p no:cacheprovider \
@@ -164,19 +180,11 @@ verify)
   ( [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
   ) > "$OUT/logs/make_models.log" 2>&1 &
   gen=$!
-  if [ -d .cache/ab_base/ninfer_numba ]; then
-    ( cd .cache/ab_base && timeout 90 python3 -c "import ninfer_numba, sys; print('base tree:', ninfer_numba.__file__)" &&
-      timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill --prefill-lengths 8192 ) \
-      > "$OUT/logs/bench_gdn_base.log" 2>&1
-    say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | grep -E "tree|gdn_prefill|ms"
-  fi
+  bench_gdn_base
   timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages --prefill-lengths 8192 \
     --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
   say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -16
-  timeout ${TEST_TIMEOUT:-270} python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider --durations=8 \
-    > "$OUT/logs/test_gpu_all.log" 2>&1
-  say "all GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu_all.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_all.log" | cut -c1-300 | head -20
+  gpu_tests_all
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   wait $gen
   timeout 150 python3 -m ninfer_numba bench --models 27b --tests pp8192,pp2048,tg128 --reps 3 --out "$OUT/bench27" \
@@ -184,11 +192,7 @@ verify)
   say "27b exit $?"; grep -E "^\| 27b" "$OUT/logs/bench_27b.log"; pack bench27; pack logs
   ;;
 gdn_check)
-  if [ -d .cache/ab_base/ninfer_numba ]; then       # the same stages of another tree first (A/B in one call)
-    ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
-      --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
-    say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
-  fi
+  bench_gdn_base
   timeout 200 python3 -m pytest -q -n 6 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -k "not T32768" \
     -p no:cacheprovider > "$OUT/logs/test_gdn_gpu.log" 2>&1
   say "GDN GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gdn_gpu.log")"
@@ -209,19 +213,11 @@ gdn_check)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 gdn_final)
-  if [ -d .cache/ab_base/ninfer_numba ]; then
-    ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
-      --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
-    say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
-  fi
+  bench_gdn_base
   timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages \
     --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
   say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -16
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -m gpu tests -p no:cacheprovider --durations=12 \
-    > "$OUT/logs/test_gpu_all.log" 2>&1
-  say "all GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu_all.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_all.log" | cut -c1-300 | head -20
-  grep -A14 "slowest" "$OUT/logs/test_gpu_all.log" | cut -c1-150
+  gpu_tests_all
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 gdn_e2e)
