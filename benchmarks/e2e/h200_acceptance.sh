@@ -92,8 +92,8 @@ case "${STAGE:-1}" in
            say "GEMM ($1):"; grep -v "^WARNING" "$1" | tail -4; }
   gemm "$OUT/bench_gemm.log"
   if [ -f ab/gemm_q8_mma_main.py ]; then
-    cp ninfer_numba/kernels/gemm_q8_mma.py /tmp/gemm_q8_mma_branch.py && cp ab/gemm_q8_mma_main.py ninfer_numba/kernels/
-    gemm "$OUT/bench_gemm_main.log"; cp /tmp/gemm_q8_mma_branch.py ninfer_numba/kernels/gemm_q8_mma.py
+    cp ninfer_numba/kernels/q8/gemm_mma.py /tmp/gemm_q8_mma_branch.py && cp ab/gemm_q8_mma_main.py ninfer_numba/kernels/
+    gemm "$OUT/bench_gemm_main.log"; cp /tmp/gemm_q8_mma_branch.py ninfer_numba/kernels/q8/gemm_mma.py
   fi
   wait
   ;;

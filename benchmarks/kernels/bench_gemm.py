@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 
-from ninfer_numba.kernels.gemm_q8 import gemm_q8
-from ninfer_numba.kernels.gemv_q8 import gemv_q8
+from ninfer_numba.kernels.q8.gemm import gemm_q8
+from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.kernels.quant_act import rmsnorm_quant, silu_mul_quant
+from ninfer_numba.kernels.q8.quant_act import rmsnorm_quant, silu_mul_quant
 from ninfer_numba.utils.timing import time_graph
 
 COPY_GBS = 4250.0

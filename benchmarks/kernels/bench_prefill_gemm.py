@@ -21,8 +21,8 @@ import statistics
 
 import numpy as np
 
-from ninfer_numba.kernels.gemm_q8 import gemm_q8
-from ninfer_numba.kernels.gemm_w8a16 import gemm_w8a16
+from ninfer_numba.kernels.q8.gemm import gemm_q8
+from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.utils.timing import time_graph
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ninfer_numba.config import EngineConfig
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
-from ninfer_numba.kernels.sample import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
+from ninfer_numba.kernels.sample.device import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights

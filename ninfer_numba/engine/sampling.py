@@ -4,7 +4,7 @@ Penalty windows follow vLLM: presence and frequency penalties count generated to
 penalty (llama.cpp's rule: positive logits divided, negative multiplied) applies to every token seen in the
 prompt or the output. Greedy (temperature 0) takes the lowest index among equal maxima.
 
-The arithmetic is that of kernels/sample_ref.py, which the device sampler (kernels/sample.py) implements
+The arithmetic is that of kernels/sample/ref.py, which the device sampler (kernels/sample/device.py) implements
 step for step, and draw number n of a request is philox_uniform(seed, n) on both sides: the CPU backend and
 the device sampler choose the same token from the same logits. The device kernels read one penalty window;
 ``device_window`` gives it whenever that single window reproduces the two above (always, unless both a
@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ninfer_numba.config import SamplingParams
-from ninfer_numba.kernels.sample_ref import apply_penalties_ref, philox_uniform, sample_ref
+from ninfer_numba.kernels.sample.ref import apply_penalties_ref, philox_uniform, sample_ref
 
 
 class Sampler:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_numba.kernels.quant_ref import QK, from_fragment_order, quantize_q8_blocks_ref
+from ninfer_numba.kernels.q8.ref import QK, from_fragment_order, quantize_q8_blocks_ref
 from ninfer_numba.model.layer_check import tapped_run
 from ninfer_numba.model.reference import dequantize_activation
 

@@ -1,6 +1,6 @@
 """Weights on the GPU: Q8_0 repacked once into the kernels' layout, projections fused by rows.
 
-Layout (kernels/quant_ref.py): a matrix of N output rows and K inputs is ``wq: int8 [N, K]`` plus
+Layout (kernels/q8/ref.py): a matrix of N output rows and K inputs is ``wq: int8 [N, K]`` plus
 ``ws: float16 [N, K/32]``, 34 bytes per 32 weights as in the file. Projections that read the same input
 are stacked into one matrix so one GEMV streams them together:
   GDN input       attn_qkv | attn_gate | ssm_beta | ssm_alpha   -> [C + Hv·S + 2·Hv, E]

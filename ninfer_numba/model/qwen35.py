@@ -19,7 +19,7 @@ import numpy as np
 
 from ninfer_numba.config import EngineConfig, ModelConfig
 from ninfer_numba.kernels import position
-from ninfer_numba.kernels.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
+from ninfer_numba.kernels.q8.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.embed import embed_gather_q8
 from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
@@ -27,11 +27,11 @@ from ninfer_numba.kernels.flash_attn.prefill_mma import attention_prefill_mma, s
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.kernels.gdn.chunk import gdn_prefill, shared_workspace
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
-from ninfer_numba.kernels.gemm_q8 import gemm_q8
-from ninfer_numba.kernels.gemm_w8a16 import gemm_w8a16
-from ninfer_numba.kernels.gemv_q8 import gemv_q8
+from ninfer_numba.kernels.q8.gemm import gemm_q8
+from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
+from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
+from ninfer_numba.kernels.q8.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
 from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
 
 

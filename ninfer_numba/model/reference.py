@@ -8,7 +8,7 @@ Weights stay quantized in the memory map; each layer dequantizes its matrices wh
 ones a window of rows at a time (``ModelWeights.matmul``), so peak memory is the file plus a few hundred MB.
 
 ``emulate_int8=True`` models the kernels' storage precision: every matmul input quantized per 32-block to
-int8 exactly as the GPU kernels do (kernels/quant_ref.py), and the attention queries, keys and values rounded
+int8 exactly as the GPU kernels do (kernels/q8/ref.py), and the attention queries, keys and values rounded
 to float16 as the f16 KV cache holds them; so GPU logits can be compared with this model tightly (see
 model/act_follow.py). Rows the GPU ran through the W8A16 prefill GEMM (``f16_layer_rows`` /
 ``f16_head_rows``, by position) instead take their activations rounded to float16 and the weights
@@ -162,7 +162,7 @@ def dequantize_activation(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
 def emulate_activation(h: np.ndarray, f16_rows=None) -> np.ndarray:
     """h [T, K] float32 as the GPU kernels feed it to a matmul: per-32-block int8 quantization (dequantized
     back to float32), or float16 rounding for the rows in f16_rows (bool [T])."""
-    from ninfer_numba.kernels.quant_ref import quantize_q8_blocks_ref
+    from ninfer_numba.kernels.q8.ref import quantize_q8_blocks_ref
     int8_rows = slice(None) if f16_rows is None else ~np.asarray(f16_rows, bool)
     a = np.empty(h.shape, np.float32)
     a[int8_rows] = dequantize_activation(*quantize_q8_blocks_ref(h[int8_rows]))

@@ -2,7 +2,7 @@
 
 The device kernels read one penalty window; the host applies two (repetition over prompt + output,
 presence/frequency over the output). ``DeviceEmulatingRunner`` stands in for the CUDA runner with the
-device's arithmetic (kernels/sample_ref.py, the kernels' reference) on one window, so these CPU tests prove
+device's arithmetic (kernels/sample/ref.py, the kernels' reference) on one window, so these CPU tests prove
 that the window and parameters LLM.stream hands the device reproduce the host sampler token for token.
 The real kernels are checked against sample_ref in tests/kernels/test_sample_kernel.py and end to end on
 the GPU in tests/model/test_gpu_model.py.
@@ -13,7 +13,7 @@ import pytest
 from ninfer_numba import LLM, SamplingParams
 from ninfer_numba.engine.cpu_runner import CpuRunner
 from ninfer_numba.engine.sampling import Sampler
-from ninfer_numba.kernels.sample_ref import apply_penalties_ref, philox_uniform, sample_ref
+from ninfer_numba.kernels.sample.ref import apply_penalties_ref, philox_uniform, sample_ref
 
 
 class DeviceEmulatingRunner(CpuRunner):

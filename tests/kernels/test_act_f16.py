@@ -1,6 +1,6 @@
-"""Float16 activation kernels (act_f16.py) against quant_ref.py.
+"""Float16 activation kernels (act_f16.py) against q8/ref.py.
 
-Tolerance rules (ref32 = the NumPy float32 value, quant_ref.rmsnorm_ref / silu_mul_ref):
+Tolerance rules (ref32 = the NumPy float32 value, q8.ref.rmsnorm_ref / silu_mul_ref):
 - to_f16 sees the same float32 inputs as NumPy and rounds once to nearest even, so its output is bit-exact
   with ``x.astype(np.float16)``, including ties, overflow to inf, subnormals and -0.
 - rmsnorm_f16 and silu_mul_f16 round their own float32 value once, but that value may differ from ref32 in
@@ -10,17 +10,17 @@ Tolerance rules (ref32 = the NumPy float32 value, quant_ref.rmsnorm_ref / silu_m
   and at least 99% of the outputs must equal float16(ref32) bit for bit (a float32 difference of a few ulp
   flips the float16 rounding only for values within that distance of a float16 midpoint: ~2^-12 of them).
 - Outputs are in fragment order (the W8A16 GEMM's operand layout); every check un-permutes them first
-  (quant_ref.from_fragment_order), so a wrong position shows as a wrong value.
+  (q8.ref.from_fragment_order), so a wrong position shows as a wrong value.
 - Outputs are poisoned with NaN, with one extra guard row past the M rows passed to the kernel: every
   element of the M rows must be written, the guard row never.
 """
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels import act_f16
-from ninfer_numba.kernels.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
+from ninfer_numba.kernels.q8 import act_f16
+from ninfer_numba.kernels.q8.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_ref import (QK, from_fragment_order, rmsnorm_f16_ref, rmsnorm_ref, silu_mul_f16_ref,
+from ninfer_numba.kernels.q8.ref import (QK, from_fragment_order, rmsnorm_f16_ref, rmsnorm_ref, silu_mul_f16_ref,
                                             silu_mul_ref)
 
 RUNNABLE = pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")

@@ -1,7 +1,7 @@
-"""Prefill GEMMs (gemm_q8.py: dp4a tiles; gemm_q8_mma.py: int8 mma.sync) against q8_matmul_ref.
+"""Prefill GEMMs (q8/gemm.py: dp4a tiles; q8/gemm_mma.py: int8 mma.sync) against q8_matmul_ref.
 
 Tolerance: both kernels form each 32-block dot product exactly in int32 and add (ws * xs) * S in float32,
-so the error is bounded by quant_ref.q8_error_bound ((K/32 + 4) u of the absolute term sum, plus the
+so the error is bounded by q8.ref.q8_error_bound ((K/32 + 4) u of the absolute term sum, plus the
 prior value when accumulating; u = 2^-24). The mma path runs under the simulator through a warp
 emulation of mma.sync (slow), so its simulator shapes are the smallest that still cover every tail:
 M not a multiple of the tile, N not a multiple of 128, K/32 odd.
@@ -9,9 +9,9 @@ M not a multiple of the tile, N not a multiple of 128, K/32 odd.
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.gemm_q8 import gemm_q8
+from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_ref import random_q8_operands
+from ninfer_numba.kernels.q8.ref import random_q8_operands
 from test_gemv_q8 import check_q8_product
 
 RUNNABLE = pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")

@@ -1,8 +1,8 @@
 """W8A16 prefill GEMM (gemm_w8a16.py) and its Hopper intrinsics (ptx_sm90.py) against NumPy.
 
-Tolerance: weights are dequantized to float16(q · d) exactly as quant_ref.dequant_f16_ref does (checked
+Tolerance: weights are dequantized to float16(q · d) exactly as q8.ref.dequant_f16_ref does (checked
 bit for bit below), products of two f16 are exact, and the tensor cores' float32 accumulation is bounded by
-quant_ref.w8a16_error_bound ((K/16 + 4) · 2u of the absolute sum). A wrong swizzle, fragment, scale or
+q8.ref.w8a16_error_bound ((K/16 + 4) · 2u of the absolute sum). A wrong swizzle, fragment, scale or
 row shows as errors of the order of the values themselves.
 
 Under the simulator the twins emulate wgmma from the warpgroup's register fragments and the shared bytes
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels import ptx_sm90 as sm90
-from ninfer_numba.kernels.gemm_w8a16 import _choose_ba, gemm_w8a16
+from ninfer_numba.kernels.q8.gemm_w8a16 import _choose_ba, gemm_w8a16
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_ref import (dequant_f16_ref, fragment_order, random_q8_operands, to_fragment_order,
+from ninfer_numba.kernels.q8.ref import (dequant_f16_ref, fragment_order, random_q8_operands, to_fragment_order,
                                             w8a16_error_bound, w8a16_matmul_ref)
 
 
@@ -146,7 +146,7 @@ def test_ptx_offline_has_register_operand_wgmma_and_no_local_memory(monkeypatch,
     import numba.cuda.dispatcher as dispatcher_mod
     from numba import types
 
-    from ninfer_numba.kernels import gemm_w8a16
+    from ninfer_numba.kernels.q8 import gemm_w8a16
 
     monkeypatch.setattr(dispatcher_mod, "get_current_device",
                         lambda: pytypes.SimpleNamespace(compute_capability=(9, 0)))

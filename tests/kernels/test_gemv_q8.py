@@ -1,16 +1,16 @@
-"""Decode GEMV (gemv_q8.py) against q8_matmul_ref.
+"""Decode GEMV (q8/gemv.py) against q8_matmul_ref.
 
 Tolerance: the block dot products are exact int32 (dp4a, then one exact integer add of the two halves),
 so the only error is float32 rounding in the scale products and the sum over K/32 blocks, bounded by
-quant_ref.q8_error_bound: (K/32 + 4) u times the absolute sum of the terms (plus the prior value when
+q8.ref.q8_error_bound: (K/32 + 4) u times the absolute sum of the terms (plus the prior value when
 accumulating), u = 2^-24. A wrong block, scale or lane mapping misses by far more than that.
 """
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.gemv_q8 import gemv_q8
+from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_ref import QK, q8_error_bound, q8_matmul_ref, random_q8_operands
+from ninfer_numba.kernels.q8.ref import QK, q8_error_bound, q8_matmul_ref, random_q8_operands
 
 RUNNABLE = pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")
 GPU = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")

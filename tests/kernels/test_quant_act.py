@@ -1,4 +1,4 @@
-"""Activation quantizers (quant_act.py) against quant_ref.py.
+"""Activation quantizers (quant_act.py) against q8/ref.py.
 
 Tolerance rules (u = 2^-24, float32 unit roundoff):
 - quantize_rows sees the same float32 inputs as the reference and performs the same correctly rounded
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
-from ninfer_numba.kernels.quant_ref import QK, quantize_q8_blocks_ref, rmsnorm_ref, silu_mul_ref
+from ninfer_numba.kernels.q8.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
+from ninfer_numba.kernels.q8.ref import QK, quantize_q8_blocks_ref, rmsnorm_ref, silu_mul_ref
 
 U = 2.0 ** -24
 RUNNABLE = pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")

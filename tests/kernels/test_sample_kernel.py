@@ -1,8 +1,8 @@
-"""Device argmax / sample / update_counts against sample_ref.py.
+"""Device argmax / sample / update_counts against sample/ref.py.
 
 Tolerance rules:
 - argmax, greedy (temperature 0, with or without penalties), update_counts: exact. The penalised, scaled
-  logits are bit-identical to the reference (float64 products of counts are exact, see sample_ref.py).
+  logits are bit-identical to the reference (float64 products of counts are exact, see sample/ref.py).
 - sampling: the token must equal sample_ref's for the same u = philox_uniform(seed, step), except when a
   decision of the reference is closer to flipping than the kernel's rounding bound (``mass_tol``, ``E_TOL``):
   * masses: the kernel truncates each exp(z - z_max) to a multiple of UNIT = 2^-42 and its float64 exp is
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.sample import (P_STEP, SampleWorkspace, argmax, pack_sample_params, sample,
+from ninfer_numba.kernels.sample.device import (P_STEP, SampleWorkspace, argmax, pack_sample_params, sample,
                                          update_counts)
-from ninfer_numba.kernels.sample_ref import (apply_penalties_ref, philox_uniform, select_sorted,
+from ninfer_numba.kernels.sample.ref import (apply_penalties_ref, philox_uniform, select_sorted,
                                              sorted_masses)
 
 UNIT = 2.0 ** -42           # the kernel's fixed-point mass unit

@@ -1,11 +1,11 @@
-"""The NumPy sampling reference (sample_ref.py): Philox known answers, penalties, and the truncation rules.
+"""The NumPy sampling reference (sample/ref.py): Philox known answers, penalties, and the truncation rules.
 
 All checks here are exact except the statistical one, whose bound is stated next to it.
 """
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.sample_ref import (apply_penalties_ref, kept_probs_ref, philox4x32, philox_uniform,
+from ninfer_numba.kernels.sample.ref import (apply_penalties_ref, kept_probs_ref, philox4x32, philox_uniform,
                                              sample_ref, sample_ref_detail)
 
 

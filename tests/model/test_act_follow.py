@@ -4,7 +4,7 @@ taken, one moved elsewhere is a disagreement. The GPU side is in tests/model/tes
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.quant_ref import QK, quantize_q8_blocks_ref
+from ninfer_numba.kernels.q8.ref import QK, quantize_q8_blocks_ref
 from ninfer_numba.model.act_follow import POINTS, TieFollower
 from ninfer_numba.model.reference import ReferenceModel, emulate_activation
 from ninfer_numba.model.weights import open_model

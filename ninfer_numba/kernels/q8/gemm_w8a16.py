@@ -1,7 +1,7 @@
 """Prefill GEMM on Hopper tensor cores, W8A16: out[m, n] (+)= sum_k xh[m, k] · float16(wq[n, k] · ws[n, k/32]).
 
-Operands: wq int8 [N, K] and ws float16 [N, K/32] (the repacked Q8_0 weights, quant_ref.py), xh float16
-[M, K] activations in fragment order (quant_ref.to_fragment_order: columns permuted inside each 32-block;
+Operands: wq int8 [N, K] and ws float16 [N, K/32] (the repacked Q8_0 weights, q8/ref.py), xh float16
+[M, K] activations in fragment order (q8.ref.to_fragment_order: columns permuted inside each 32-block;
 the f16 activation kernels of act_f16.py write it), out float32 [M, N]. K % 32 == 0, N % 4 == 0.
 
 Why W8A16, and why the weights are the register operand: with Q8 scales on both sides, an int8 kernel must
@@ -57,7 +57,7 @@ from ninfer_numba.kernels import ptx_sm90 as sm90
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.quant_ref import QK
+from ninfer_numba.kernels.q8.ref import QK
 
 BW = 128                          # weight rows (output columns) per CTA: 2 warpgroups x 64
 BK = 64                           # K per stage: 64 f16 = one 128-byte swizzled activation row
@@ -269,7 +269,7 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = No
     """out (+)= xh · float16(wq · ws)ᵀ on sm_90 tensor cores.
 
     wq: [N, K] int8, ws: [N, K/32] float16, xh: [M, K] float16 in fragment order
-    (quant_ref.to_fragment_order), out: [M, N] float32 (written, or added to with accumulate=True).
+    (q8.ref.to_fragment_order), out: [M, N] float32 (written, or added to with accumulate=True).
     K % 32 == 0 and N % 4 == 0. ``ba`` forces the activation tile (256 or 128 rows)."""
     m, k = xh.shape
     n = wq.shape[0]

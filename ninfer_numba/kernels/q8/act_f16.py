@@ -4,7 +4,7 @@ quant_act.py.
 
 Layout: inputs float32 [M, K] (SiLU: [M, 2F], gate columns [0, F), up columns [F, 2F)), C-contiguous with
 16-byte aligned rows (K % 32 == 0 and an aligned base); outputs float16 [M, K], C-contiguous, in fragment
-order (quant_ref.to_fragment_order: the columns of each 32-block permuted for the GEMM's register operand).
+order (q8.ref.to_fragment_order: the columns of each 32-block permuted for the GEMM's register operand).
 The launchers hand the kernels the output as flat uint32 words [M·K/2]. The unit of work is a chunk of 4
 consecutive input elements: one 16-byte non-coherent load (ptx.ldg_nc_v4_u32), two ``pack_f16x2``
 (cvt.rn.f16x2.f32) and two 4-byte stores, since fragment order keeps pairs of columns together: chunk c of a
@@ -37,8 +37,8 @@ from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.kernels.quant_act import TPB, _row_rms_inverse, _silu_mul
-from ninfer_numba.kernels.quant_ref import QK, rmsnorm_f16_ref, silu_mul_f16_ref  # noqa: F401
+from ninfer_numba.kernels.q8.quant_act import TPB, _row_rms_inverse, _silu_mul
+from ninfer_numba.kernels.q8.ref import QK, rmsnorm_f16_ref, silu_mul_f16_ref  # noqa: F401
 
 VEC = 4                         # elements per chunk: one 16-byte load, two 4-byte stores
 MAX_BLOCKS = 4096               # to_f16's grid cap (~31 blocks of TPB per H200 SM; the loop covers the rest)

@@ -1,9 +1,9 @@
 """Token selection on the device: argmax, and sampling with penalties / temperature / top-k / top-p / min-p.
 
-Semantics are those of sample_ref.py, step for step; the draw u = philox_uniform(seed, step) is computed on
+Semantics are those of sample/ref.py, step for step; the draw u = philox_uniform(seed, step) is computed on
 the device from the parameter buffer, whose step advances by one per call, so a replayed CUDA graph draws a
 fresh, reproducible u every token. Nothing is sorted: the positions needed in the sampling order are found by
-radix select (sample_select.py).
+radix select (sample/radix_select.py).
 
 Launch sequence of ``sample`` (one stream, no host synchronisation, graph-capturable, no allocation):
   _transform_kernel   penalties + temperature -> z [V]; block argmax; the last block finishes the argmax
@@ -19,8 +19,8 @@ import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.kernels.sample_ref import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
-from ninfer_numba.kernels.sample_select import (
+from ninfer_numba.kernels.sample.ref import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
+from ninfer_numba.kernels.sample.radix_select import (
     D_ARGMAX, D_TRANSFORM, F_U, F_ZMAX, G_MAX, IDX_MASK, ITEMS, N_PARAMS, N_REFINE, N_ST, N_STF, NB, P_FREQ,
     P_MIN_P, P_PRES, P_REP, P_SEED_HI, P_SEED_LO, P_STEP, P_TEMP, P_TOP_K, P_TOP_P, PH_DONE, PH_HIST1,
     S_PHASE, TPB, _hist1_kernel, _is_last_block, _refine_kernel)
@@ -29,7 +29,7 @@ __all__ = ["N_PARAMS", "P_STEP", "SampleWorkspace", "argmax", "pack_sample_param
 
 _U64_MASK32 = np.uint64(0xFFFFFFFF)
 _U64_32 = np.uint64(32)
-_PM0, _PM1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)     # sample_ref.py's Philox-4x32 constants
+_PM0, _PM1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)     # sample/ref.py's Philox-4x32 constants
 _PW0, _PW1 = np.uint64(PHILOX_W0), np.uint64(PHILOX_W1)
 
 

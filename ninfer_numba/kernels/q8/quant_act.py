@@ -1,6 +1,6 @@
 """Activation quantizers that feed every Q8 GEMV/GEMM: plain, fused with RMSNorm, fused with SiLU-gating.
 
-Output layout (see quant_ref.py): ``xq: int8 [M, K]`` and ``xs: float32 [M, K/32]`` per 32-block.
+Output layout (see q8/ref.py): ``xq: int8 [M, K]`` and ``xs: float32 [M, K/32]`` per 32-block.
 Grid (M, ceil(K / 32 / TPB)): each thread owns whole 32-blocks (block b = the thread's index within the
 row, then + TPB * gridDim.y ...), so a block's absmax needs no cross-thread communication, and a decode
 row (M = 1) is spread over several thread blocks instead of looping in one. A thread loads its block's
@@ -9,7 +9,7 @@ the registers. Inputs must be C-contiguous with 16-byte aligned rows (K % 32 == 
 RMSNorm needs the whole row's sum of squares, so each of a row's thread blocks computes it (the row is
 at most 70 KB and sits in L2) before quantizing its own slice.
 
-Bit-exactness with quant_ref.py: the scale is ``d = amax / 127`` and the quantized value
+Bit-exactness with q8/ref.py: the scale is ``d = amax / 127`` and the quantized value
 ``trunc(v + copysign(0.5, v))`` with ``v = value / d``: a correctly rounded float32 division (numba's
 default ``div.rn.f32``; no fastmath) followed by one float32 addition. No multiply feeds an add, so the
 compiler has nothing to contract into an FMA, and every constant is a float32 global so no step is
@@ -25,7 +25,7 @@ import numpy as np
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.kernels.quant_ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
+from ninfer_numba.kernels.q8.ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
                                             silu_mul_quant_ref)
 
 TPB = 128                       # threads per thread block; each owns one 32-block at a time

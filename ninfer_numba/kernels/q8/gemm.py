@@ -1,25 +1,25 @@
 """Prefill GEMM on Q8 operands: out[m, n] (+)= sum_b ws[n, b] * xs[m, b] * S[m, n, b].
 
-Layouts (quant_ref.py): wq int8 [N, K], ws float16 [N, K/32], xq int8 [M, K], xs float32 [M, K/32],
+Layouts (q8/ref.py): wq int8 [N, K], ws float16 [N, K/32], xq int8 [M, K], xs float32 [M, K/32],
 out float32 [M, N]. M is arbitrary; N and K are multiples of 32.
 
 Two kernels, one chooser (``gemm_q8``):
 - dp4a (here): any sm_61+ GPU and the CUDA simulator. A 64 x 64 output tile per 256-thread block,
   4 x 4 outputs per thread, K consumed one Q8 block (32 bytes) at a time through shared memory.
-- mma (gemm_q8_mma.py): int8 tensor cores, sm_80+; the fast path on the H200.
+- mma (q8/gemm_mma.py): int8 tensor cores, sm_80+; the fast path on the H200.
 
 Both compute each block's dot product S exactly in int32 and add (float(ws) * xs) * float(S) to a
-float32 accumulator in block order, so the error bound is quant_ref.q8_error_bound.
+float32 accumulator in block order, so the error bound is q8.ref.q8_error_bound.
 """
 import functools
 
 import numpy as np
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.gemm_q8_mma import gemm_q8_mma
+from ninfer_numba.kernels.q8.gemm_mma import gemm_q8_mma
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.quant_ref import QK, q8_matmul_ref  # noqa: F401  (reference of this family)
+from ninfer_numba.kernels.q8.ref import QK, q8_matmul_ref  # noqa: F401  (reference of this family)
 
 BM = 64                      # x rows (M) per block tile
 BN = 64                      # weight rows (N) per block tile

@@ -1,5 +1,5 @@
 """Token selection in pure NumPy: penalties, greedy, temperature / top-k / top-p / min-p sampling, and the
-counter-based random draw shared with the GPU kernels in sample.py.
+counter-based random draw shared with the GPU kernels in sample/device.py.
 
 This module must not import numba: the CPU engine imports it cheaply.
 

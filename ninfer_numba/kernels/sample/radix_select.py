@@ -1,4 +1,4 @@
-"""Radix select over the sampling order, for sample.py: layouts, state machine, histogram kernels.
+"""Radix select over the sampling order, for sample/device.py: layouts, state machine, histogram kernels.
 
 Every token gets a 50-bit rank key R = key32(z) << 18 | (2^18 - 1 - i), where key32 maps float32 bits to an
 order-preserving uint32, so the sampling order (z descending, index ascending) is R descending and every R is

@@ -1,6 +1,6 @@
 """Decode GEMV on Q8 weights with dp4a: out[n] (+)= sum_b ws[n, b] * xs[0, b] * S[n, b].
 
-Layouts (quant_ref.py): wq int8 [N, K] row-major, ws float16 [N, K/32], xq int8 [1, K], xs float32 [1, K/32];
+Layouts (q8/ref.py): wq int8 [N, K] row-major, ws float16 [N, K/32], xq int8 [1, K], xs float32 [1, K/32];
 out float32 [N] (a [1, N] row is accepted by the launcher and viewed as [N]).
 
 Decode streams every weight byte once per token, so this kernel is a memory copy with arithmetic on the
@@ -14,7 +14,7 @@ A 32-byte Q8 block spans two lanes (16 bytes each). Each lane sums its half with
 shuffle adds the partner's half, giving the block's exact int32 dot product S (|S| <= 2^19) on both
 lanes; the even lane applies the block scale: term = (float(ws) * xs) * float(S) in float32. Partial fp32
 sums are folded with a 5-step butterfly at the end. Error bound vs the exact result: see
-quant_ref.q8_error_bound ((K/32 + 4) u of the absolute term sum).
+q8.ref.q8_error_bound ((K/32 + 4) u of the absolute term sum).
 
 Tails: K % 32 == 0 guarantees both lanes of a block pair are in or out of range together. Out-of-range
 loads are redirected to offset 0 of the row (a valid address) and their contribution is zeroed, so the
@@ -25,7 +25,7 @@ import numpy as np
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.quant_ref import q8_matmul_ref  # noqa: F401  (reference of this family)
+from ninfer_numba.kernels.q8.ref import q8_matmul_ref  # noqa: F401  (reference of this family)
 
 WARPS = 4                    # rows per thread block (one warp each)
 LOADS = 8                    # 16-byte weight loads in flight per lane per step

@@ -1,6 +1,6 @@
 """Prefill GEMM on int8 tensor cores: ``mma.sync.m16n8k32`` s8 x s8 -> s32, sm_80+.
 
-Same operands and result as gemm_q8.py (see there and quant_ref.py). The K step of one mma is 32, exactly
+Same operands and result as q8/gemm.py (see there and q8/ref.py). The K step of one mma is 32, exactly
 one Q8 block, so each mma's int32 result is that block's exact dot product S; it is scaled by
 xs[m, b] * ws[n, b] and added to a float32 accumulator, in block order.
 
@@ -31,7 +31,7 @@ from numba import uint32
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.quant_ref import QK
+from ninfer_numba.kernels.q8.ref import QK
 
 BM = 128                        # x rows (M) per block tile
 BN = 128                        # weight rows (N) per block tile
