@@ -21,11 +21,12 @@ class BackendUnavailableError(RuntimeError):
     """The cuda backend cannot run here (no GPU or driver, or the wrong numba CUDA target)."""
 
 
-def _scalar_or_first(value: Any, key: str) -> Any:
-    """Per-layer arrays are allowed for some keys; this engine needs them uniform."""
+def _scalar_or_first(value: Any, key: str, n_blocks: int) -> Any:
+    """Per-layer arrays (one entry per block, as llama.cpp requires) are allowed for some keys; this engine
+    needs them uniform."""
     if isinstance(value, (list, tuple)):
-        if not value:
-            raise ModelFormatError(f"metadata key {key} is an empty array")
+        if len(value) != n_blocks:
+            raise ModelFormatError(f"metadata key {key} has {len(value)} entries, expected one per block ({n_blocks})")
         if len(set(value)) != 1:
             raise ModelFormatError(f"metadata key {key} varies per layer ({sorted(set(value))}); not supported")
         return value[0]
@@ -62,6 +63,7 @@ class ModelConfig:
     context_length: int
     tied_embeddings: bool
     name: str = ""
+    mtp_layers: int = 0       # multi-token-prediction blocks in the file after the n_layer used ones (skipped)
 
     @property
     def conv_dim(self) -> int:
@@ -97,10 +99,18 @@ class ModelConfig:
                 raise ModelFormatError(f"required metadata key {p + key} is missing")
             return kv[p + key]
 
+        # every layer has tensors, so a file with T tensors has fewer than T blocks
+        n_blocks = _int_in(p + "block_count", req("block_count"), 1,
+                           min(4096, len(tensor_names)) if tensor_names is not None else 4096)
+
         def size(key: str, lo: int, hi: int, default: Any = None) -> int:
             value = req(key) if default is None else kv.get(p + key, default)
-            return _int_in(p + key, _scalar_or_first(value, p + key), lo, hi)
+            return _int_in(p + key, _scalar_or_first(value, p + key, n_blocks), lo, hi)
 
+        # multi-token-prediction blocks (converters that keep them count them in block_count and append them
+        # last): loaded by no one here, since this engine does not decode speculatively
+        mtp_layers = size("nextn_predict_layers", 0, n_blocks - 1, 0)
+        _check_rope_scaling(kv, p)
         n_embd = size("embedding_length", 1, 1 << 18)
         n_head = size("attention.head_count", 1, 4096)
         n_head_kv = size("attention.head_count_kv", 1, n_head, n_head)
@@ -108,7 +118,9 @@ class ModelConfig:
         value_dim = size("attention.value_length", 1, 4096, head_dim)
         if value_dim != head_dim:
             raise ModelFormatError(f"attention.value_length {value_dim} != key_length {head_dim}")
-        sections = tuple(_int_in(p + "rope.dimension_sections", s, 0, 4096) for s in req("rope.dimension_sections"))
+        raw = req("rope.dimension_sections")
+        raw = raw if isinstance(raw, (list, tuple)) else [raw] * 4       # a scalar is broadcast, as llama.cpp does
+        sections = tuple(_int_in(p + "rope.dimension_sections", s, 0, 4096) for s in raw)
         if len(sections) != 4:
             raise ModelFormatError(f"rope.dimension_sections must have 4 entries, got {len(sections)}")
         n_rot = size("rope.dimension_count", 0, head_dim, head_dim)
@@ -132,8 +144,7 @@ class ModelConfig:
         if n_vocab is None:
             raise ModelFormatError("no vocabulary: neither tokenizer.ggml.tokens nor qwen35.vocab_size is present")
         n_vocab = _int_in(p + "vocab_size", n_vocab, 1, 1 << 24)
-        # every layer has tensors, so a file with T tensors has fewer than T layers
-        n_layer = size("block_count", 1, min(4096, len(tensor_names)) if tensor_names is not None else 4096)
+        n_layer = n_blocks - mtp_layers
         eps = req("attention.layer_norm_rms_epsilon")
         if not isinstance(eps, (int, float)) or not 0 < float(eps) < 1:
             raise ModelFormatError(f"metadata key {p}attention.layer_norm_rms_epsilon = {eps!r} must be in (0, 1)")
@@ -146,8 +157,21 @@ class ModelConfig:
             ssm_groups=ssm_groups, ssm_heads=ssm_heads,
             full_attn_interval=size("full_attention_interval", 1, 4096, 4),
             context_length=size("context_length", 1, 1 << 24), tied_embeddings=tied,
-            name=str(kv.get("general.name", "")),
+            name=str(kv.get("general.name", "")), mtp_layers=mtp_layers,
         )
+
+
+def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
+    """RoPE runs unscaled here: refuse a file that asks for scaled positions (YaRN, linear) rather than
+    produce wrong logits without a word. The converter writes rope.scaling.* only for such files."""
+    kind = kv.get(p + "rope.scaling.type", "none")
+    factor = kv.get(p + "rope.scaling.factor", 1.0)
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+        raise ModelFormatError(f"metadata key {p}rope.scaling.factor = {factor!r} must be a number")
+    if kind == "none" or float(factor) in (0.0, 1.0):
+        return
+    raise ModelFormatError(f"RoPE scaling {kind!r} with factor {factor} ({p}rope.scaling.*) is not supported: "
+                           "this engine runs RoPE unscaled, within the model's original context length")
 
 
 @dataclass(frozen=True, slots=True)

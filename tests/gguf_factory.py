@@ -83,9 +83,9 @@ def is_matrix(name: str, arr: np.ndarray) -> bool:
 
 def write_gguf(path, s: TinySpec, tensors: dict[str, np.ndarray], *, matrix_type=QT.F32,
                arch: str = "qwen35", skip_keys: tuple = (), vocab_tokens: list[str] | None = None,
-               alignment: int | None = None) -> str:
+               alignment: int | None = None, extra_kv=None) -> str:
     """Write ``tensors`` with every matrix stored as ``matrix_type`` (others F32); ``alignment`` writes an
-    explicit general.alignment."""
+    explicit general.alignment; ``extra_kv(writer)`` adds keys after the standard ones."""
     w = gguf.GGUFWriter(str(path), arch)
     if alignment is not None:
         w.add_custom_alignment(alignment)
@@ -108,6 +108,8 @@ def write_gguf(path, s: TinySpec, tensors: dict[str, np.ndarray], *, matrix_type
     for k, fn in keys.items():
         if k not in skip_keys:
             fn()
+    if extra_kv is not None:
+        extra_kv(w)
     if vocab_tokens is None:
         w.add_tokenizer_model("none")
         w.add_vocab_size(s.n_vocab)
@@ -118,6 +120,8 @@ def write_gguf(path, s: TinySpec, tensors: dict[str, np.ndarray], *, matrix_type
         if is_matrix(name, arr) and matrix_type != QT.F32:
             if matrix_type == QT.F16:
                 w.add_tensor(name, arr.astype(np.float16))
+            elif matrix_type == QT.BF16:
+                w.add_tensor(name, gguf.quants.quantize(arr, QT.BF16), raw_dtype=QT.BF16)
             else:
                 q = gguf.quants.quantize(arr, matrix_type)
                 w.add_tensor(name, q, raw_dtype=matrix_type)

@@ -8,6 +8,7 @@ Tied embeddings (no ``output.weight``) are resolved here, once: ``output_name`` 
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -96,9 +97,14 @@ class ModelWeights:
             if len(tokens) else np.zeros((0, self.config.n_embd), np.float32)
 
 
-def open_model(path: str) -> ModelWeights:
-    """Open and validate a qwen35 GGUF file. Raises ModelFormatError with a user-facing message."""
+def open_model(path: str, log=None) -> ModelWeights:
+    """Open and validate a qwen35 GGUF file. Raises ModelFormatError with a user-facing message. Tensors of
+    multi-token-prediction blocks are left unread, with one line to ``log`` (default: stderr)."""
     f = GGUFFile(path)
+    n_split = f.kv.get("split.count", 1)
+    if n_split != 1:
+        raise ModelFormatError(f"{path} is part {f.kv.get('split.no', 0)!r} of a GGUF split into {n_split!r} "
+                               "files; join them first: llama-gguf-split --merge FIRST_PART OUT.gguf")
     config = ModelConfig.from_gguf(f.kv, set(f.tensors))
     expected = list(expected_tensors(config))
     names = {n for n, _, _ in expected}
@@ -110,7 +116,13 @@ def open_model(path: str) -> ModelWeights:
             raise ModelFormatError(f"{path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)} "
                                    "(NumPy order)")
         check_supported(name, t.ggml_type)
-    extra = sorted(set(f.tensors) - names)
+    mtp_prefixes = tuple(f"blk.{i}." for i in range(config.n_layer, config.n_layer + config.mtp_layers))
+    skipped = sorted(n for n in set(f.tensors) - names if n.startswith(mtp_prefixes))
+    extra = sorted(set(f.tensors) - names - set(skipped))
+    if config.mtp_layers:
+        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
+            f"{path}: {len(skipped)} tensors of {config.mtp_layers} multi-token-prediction block(s) "
+            f"(blk.{config.n_layer}.* onwards) left unread: this engine does not decode speculatively")
     if extra:
         more = f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""
         raise ModelFormatError(f"{path}: unexpected tensors for a qwen35 model: {', '.join(extra[:5])}{more}")
