@@ -21,16 +21,16 @@ endif
 
 .PHONY: setup bench test test-gpu test-cudasim wheelhouse serve plot clean
 
-# Create ./.venv (or use PYTHON) and install the package with its dev extras (and, in the venv, the notebook extra).
+# Create ./.venv (or use PYTHON) and install the package with its dev and bench extras (and, in the venv, the notebook extra).
 setup: $(SETUP)
 
 $(VENV)/.installed: pyproject.toml
-	@echo "setup: creating $(VENV) and installing ninfer_numba with its dev and notebook extras (a minute or two)"
-	python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q --upgrade pip && $(VENV)/bin/python -m pip install -q -e ".[dev,notebook]" && touch $@
+	@echo "setup: creating $(VENV) and installing ninfer_numba with its dev, bench and notebook extras (a minute or two)"
+	python3 -m venv $(VENV) && $(VENV)/bin/python -m pip install -q --upgrade pip && $(VENV)/bin/python -m pip install -q -e ".[dev,bench,notebook]" && touch $@
 
 .setup-$(notdir $(PYTHON)).stamp: pyproject.toml
 	@echo "setup: installing ninfer_numba into $(PY) $(if $(OFFLINE),from $(WHEELHOUSE) )(a minute or so)"
-	$(PY) -m pip install -q --no-build-isolation $(if $(OFFLINE),--no-index --find-links $(WHEELHOUSE)) -e ".[dev]" && touch $@
+	$(PY) -m pip install -q --no-build-isolation $(if $(OFFLINE),--no-index --find-links $(WHEELHOUSE)) -e ".[dev,bench]" && touch $@
 
 # The main job: make the benchmark model(s) and run ours against llama.cpp (9b on a GPU; the CPU reference on a tiny model without one).
 bench: $(SETUP)
@@ -51,7 +51,7 @@ test-gpu: $(SETUP)
 
 # Wheels of every dependency for Python $(WHEEL_PYTHON) on $(WHEEL_PLATFORM), for machines without internet.
 wheelhouse: $(SETUP)
-	$(PY) -m ninfer_numba.utils.wheelhouse --python $(WHEEL_PYTHON) --arch $(WHEEL_PLATFORM) --out $(WHEELHOUSE)
+	$(PY) -m tools.wheelhouse --python $(WHEEL_PYTHON) --arch $(WHEEL_PLATFORM) --out $(WHEELHOUSE)
 
 # Serve a model over the OpenAI-compatible API: make serve MODEL=path.gguf
 serve: $(SETUP)

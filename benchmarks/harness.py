@@ -13,6 +13,7 @@ llama.cpp's CPU build when one exists; such records say backend "cpu" and the de
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -239,8 +240,13 @@ def bench_model(spec: str, args: argparse.Namespace, tests: list[BenchTest], bac
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ninfer bench``; returns the exit status (2 for bad options or missing inputs)."""
+    missing = [m for m in ("matplotlib",) if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"error: the benchmark harness needs {', '.join(missing)}: pip install -e '.[bench]' "
+              "(make bench installs it)", file=sys.stderr)
+        return 2
     from ninfer_numba.kernels.numba_env import gpu_available
-    from ninfer_numba.utils.machine import machine_info
+    from benchmarks.machine import machine_info
 
     backend = args.backend if args.backend != "auto" else ("cuda" if gpu_available() else "cpu")
     args.models = args.models or ("9b" if backend == "cuda" else "tiny")

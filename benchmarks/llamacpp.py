@@ -26,7 +26,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ninfer_numba.utils.machine import cpu_name
+from benchmarks.machine import cpu_name
 
 SDIST_REQUIREMENT = "llama-cpp-python==0.3.18"
 SDIST_NAME = "llama_cpp_python-0.3.18.tar.gz"

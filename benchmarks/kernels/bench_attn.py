@@ -21,7 +21,7 @@ from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, atten
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
 from ninfer_numba.kernels.flash_attn.prefill_mma import launch_prefill_mma
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
-from ninfer_numba.utils.timing import time_graph
+from benchmarks.timing import time_graph
 
 COPY_GBS = 4250.0
 SDPA_TFLOPS = {2048: 369.0, 8192: 602.0, 32768: 643.0}

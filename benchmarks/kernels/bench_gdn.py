@@ -25,7 +25,7 @@ from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.utils.timing import time_graph
+from benchmarks.timing import time_graph
 
 COPY_GBS = 4250.0
 SHAPES = {"9b": dict(Hk=16, Hv=32, S=128, n_layers=24), "27b": dict(Hk=16, Hv=48, S=128, n_layers=48)}

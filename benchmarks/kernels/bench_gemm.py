@@ -24,7 +24,7 @@ from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.quant_act import rmsnorm_quant, silu_mul_quant
-from ninfer_numba.utils.timing import time_graph
+from benchmarks.timing import time_graph
 
 COPY_GBS = 4250.0
 L2_BYTES = 60e6

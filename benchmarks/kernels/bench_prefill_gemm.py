@@ -24,7 +24,7 @@ import numpy as np
 from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.utils.timing import time_graph
+from benchmarks.timing import time_graph
 
 # (name, N, K) of every prefill projection; N of the fused input projections as in model/gpu_weights.py
 SHAPES = {

@@ -18,7 +18,7 @@ import numpy as np
 from ninfer_numba.kernels.embed import embed_gather_q8
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.sample.device import SampleWorkspace, argmax, pack_sample_params, sample
-from ninfer_numba.utils.timing import time_graph
+from benchmarks.timing import time_graph
 
 COPY_GBS = 4250.0
 SAMPLE_CFGS = {

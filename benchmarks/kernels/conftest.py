@@ -4,7 +4,7 @@
 
 A microbenchmark builds its buffers, then hands ``kernel_bench`` a ``launch(stream)`` function and the work
 of one call. Each round replays a CUDA graph of ``n_inner`` captured calls and is timed with CUDA events
-(ninfer_numba.utils.timing.time_graph): a launch from Python costs 20-37 µs of host time, longer than most
+(benchmarks.timing.time_graph): a launch from Python costs 20-37 µs of host time, longer than most
 decode kernels, so wall-clock timing would measure the host. ``rotated`` cycles the captured calls through
 several buffer sets so a working set smaller than L2 is not served from it. pytest-benchmark's table then
 shows per-call device times, and each result's extra_info carries GB/s and int8 TOPS against the measured
@@ -101,7 +101,7 @@ def kernel_bench(benchmark, ceilings):
     """``kernel_bench(launch, *, bytes_moved=None, int8_ops=None, n_inner=20, rounds=10, warmup=3) -> dict``:
     time ``launch`` in CUDA-graph replays, record the rounds in pytest-benchmark and return GB/s, TOPS and
     their fractions of the ceilings (also stored in ``benchmark.extra_info``). Work is per call of launch."""
-    from ninfer_numba.utils.timing import time_graph
+    from benchmarks.timing import time_graph
 
     def run(launch: Callable, *, bytes_moved: float | None = None, int8_ops: float | None = None,
             n_inner: int = 20, rounds: int = 10, warmup: int = 3) -> dict:

@@ -26,7 +26,7 @@ from ninfer_numba.kernels.sample.device import N_PARAMS, SampleWorkspace, argmax
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
-from ninfer_numba.utils.timing import CudaGraph
+from ninfer_numba.engine.graphs import CudaGraph
 
 PREFILL_GRAPHS = 8                 # prefill chunk lengths kept as captured graphs
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from ninfer_numba.utils import machine
+from benchmarks import machine
 
 FAKE_SMI = """#!/bin/sh
 if [ "$1" = "--query-gpu=name,driver_version,compute_cap,memory.total" ]; then

@@ -1,7 +1,7 @@
 """Build a wheelhouse for installing ninfer_numba on a machine without internet.
 
-``python -m ninfer_numba.utils.wheelhouse --python 3.12 --arch x86_64 --out wheelhouse`` downloads binary
-wheels of every dependency in pyproject.toml (and the dev extras) for that interpreter and platform,
+``python -m tools.wheelhouse --python 3.12 --arch x86_64 --out wheelhouse`` downloads binary
+wheels of every dependency in pyproject.toml (and the dev and bench extras) for that interpreter and platform,
 dependencies included. On the offline machine: ``make test PYTHON=python3 OFFLINE=1`` (or any target)
 installs from it whatever that interpreter lacks and keeps what it has.
 
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="x86_64", help="x86_64 or aarch64")
     ap.add_argument("--out", default="wheelhouse")
     ap.add_argument("--skip", default="", help="comma-separated packages the target already has")
-    ap.add_argument("--extras", default="dev")
+    ap.add_argument("--extras", default="dev,bench")
     a = ap.parse_args(argv)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     skip = {s.strip().lower().replace("_", "-") for s in a.skip.split(",") if s.strip()}
     reqs = [r for r in requirements(root / "pyproject.toml", tuple(filter(None, a.extras.split(","))))
             if _name(r) not in skip]

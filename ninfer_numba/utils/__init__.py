@@ -1,1 +1,0 @@
-"""Small utilities: timing, machine description, offline wheelhouse."""
