@@ -101,6 +101,28 @@ def _block_argmax(v, i, s_v, s_i):
 
 
 @cuda.jit(device=True)
+def _grid_argmax(best_v, best_i, s_v, s_i, part_val, part_idx, done, slot, s_flag):
+    """Argmax over the grid of every thread's candidate: each block writes its winner to part_*; the last
+    block to finish (counted in done[slot]) reduces them. Returns (is_last_block, value, index); value and
+    index are the grid's only in the last block."""
+    tid = cuda.threadIdx.x
+    bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
+    if tid == 0:
+        part_val[cuda.blockIdx.x] = bv
+        part_idx[cuda.blockIdx.x] = bi
+    if not _is_last_block(done, slot, s_flag):
+        return False, bv, bi
+    best_v = np.float32(0.0)
+    best_i = np.int64(-1)
+    for j in range(tid, cuda.gridDim.x, TPB):
+        if _better(best_v, best_i, part_val[j], part_idx[j]):
+            best_v = part_val[j]
+            best_i = part_idx[j]
+    bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
+    return True, bv, bi
+
+
+@cuda.jit(device=True)
 def _philox_uniform(seed_lo, seed_hi, step):
     """Philox4x32-10 on counter (step_lo, step_hi, 0, 0), key (seed_lo, seed_hi) -> 53-bit u in [0, 1)."""
     c0 = np.uint64(step) & _U64_MASK32
@@ -145,19 +167,9 @@ def _argmax_kernel(logits, part_val, part_idx, done, out_token):
             best_v = v
             best_i = i
         i += cuda.gridDim.x * TPB
-    bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
-    if tid == 0:
-        part_val[cuda.blockIdx.x] = bv
-        part_idx[cuda.blockIdx.x] = bi
-    if not _is_last_block(done, D_ARGMAX, s_flag):
+    last, bv, bi = _grid_argmax(best_v, best_i, s_v, s_i, part_val, part_idx, done, D_ARGMAX, s_flag)
+    if not last:
         return
-    best_v = np.float32(0.0)
-    best_i = np.int64(-1)
-    for j in range(tid, cuda.gridDim.x, TPB):
-        if _better(best_v, best_i, part_val[j], part_idx[j]):
-            best_v = part_val[j]
-            best_i = part_idx[j]
-    bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
     if tid == 0:
         out_token[0] = np.int32(bi)
         done[D_ARGMAX] = 0
@@ -199,19 +211,9 @@ def _transform_kernel(logits, counts, params, z, part_val, part_idx, done, st, s
             best_v = l
             best_i = i
         i += cuda.gridDim.x * TPB
-    bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
-    if tid == 0:
-        part_val[cuda.blockIdx.x] = bv
-        part_idx[cuda.blockIdx.x] = bi
-    if not _is_last_block(done, D_TRANSFORM, s_flag):
+    last, bv, bi = _grid_argmax(best_v, best_i, s_v, s_i, part_val, part_idx, done, D_TRANSFORM, s_flag)
+    if not last:
         return
-    best_v = np.float32(0.0)
-    best_i = np.int64(-1)
-    for j in range(tid, cuda.gridDim.x, TPB):
-        if _better(best_v, best_i, part_val[j], part_idx[j]):
-            best_v = part_val[j]
-            best_i = part_idx[j]
-    bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
     for b in range(tid, NB, TPB):
         hist1_cnt[b] = 0
         hist1_mass[b] = 0
