@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks import llamacpp
 from benchmarks.ceilings import ModelCost, measure_ceilings, null_ceilings, roofline
-from benchmarks.records import (RECORDS_FILE, BenchTest, best_ubatch, llama_record, llamacpp_build_label,
+from benchmarks.records import (RECORDS_FILE, BenchTest, best_ubatch, llama_record,
                                 ninfer_record, parse_tests, read_llama_bench_jsonl, run_folder_name,
                                 write_records)
 

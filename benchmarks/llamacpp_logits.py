@@ -50,7 +50,7 @@ def build_tool(bench_binary: Path, src: Path) -> Path:
     link = _link_command(build_dir)
     if BENCH_OBJECT not in link and "llama-bench.cpp.o" not in link:
         raise RuntimeError(f"unexpected llama-bench link command: {link[:300]}")
-    link = link.replace(f"CMakeFiles/llama-bench.dir/llama-bench.cpp.o", "@OBJ@")
+    link = link.replace("CMakeFiles/llama-bench.dir/llama-bench.cpp.o", "@OBJ@")
     link = link.replace("tools/llama-bench/@OBJ@", "@OBJ@").replace("@OBJ@", shlex.quote(str(obj)))
     link = link.replace("-o bin/llama-bench", f"-o {shlex.quote(str(out))}")
     link = link.replace("-o ../../bin/llama-bench", f"-o {shlex.quote(str(out))}")

@@ -16,6 +16,8 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
 - ``ldmatrix_x4(smem, i)``: warp-wide ``ldmatrix.sync.m8n8.x4.b16``: lane l supplies the 16-byte row at
   flat element i of a shared array, the row (l % 8) of matrix l // 8; lane l receives word l % 4 of row
   l // 4 of each of the four matrices (for int8 data: exactly the mma m16n8k32 A/B fragment layout).
+  ``ldmatrix_x4_trans(smem, i)``: the same rows, each 8x8 b16 matrix transposed (lane (g, t) receives the
+  pair M[2t, g], M[2t+1, g]).
 - ``i32_as_f32(i)``: reinterpret the bits of an int32 as float32 (no conversion instruction).
 - ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``: butterfly shuffle over the full warp.
 - ``syncwarp()``: ``bar.warp.sync`` over the full warp (shared-memory writes of each lane visible to all).
@@ -179,23 +181,28 @@ def _make_intrinsics():
     cp_async_wait_all = void_intrinsic("cp.async.wait_group 0;")
     cp_async_wait_1 = void_intrinsic("cp.async.wait_group 1;")
 
-    @intrinsic
-    def ldmatrix_x4(typingctx, smem, idx):
-        ret = types.UniTuple(types.uint32, 4)
-        sig = ret(smem, idx)
+    def _ldmatrix(trans):
+        asm = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
+               ".shared.b16 {$0, $1, $2, $3}, [$4];")
 
-        def codegen(context, builder, sig, args):
-            generic = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            to_shared = ir.InlineAsm(ir.FunctionType(_I64, [_I64]), "cvta.to.shared.u64 $0, $1;", "=l,l")
-            s_addr = builder.trunc(builder.call(to_shared, [generic]), _I32)
-            sty = ir.LiteralStructType([_I32] * 4)
-            # reads shared memory written by other threads: keep it after the barrier (side effect + clobber)
-            fn = ir.InlineAsm(ir.FunctionType(sty, [_I32]),
-                              "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
-                              "=r,=r,=r,=r,r,~{memory}", side_effect=True)
-            res = builder.call(fn, [s_addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
+        @intrinsic
+        def ldmatrix(typingctx, smem, idx):
+            ret = types.UniTuple(types.uint32, 4)
+            sig = ret(smem, idx)
+
+            def codegen(context, builder, sig, args):
+                addr = shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                sty = ir.LiteralStructType([_I32] * 4)
+                # a memory read the compiler cannot see: side effect + memory clobber keep it after the
+                # barrier and the cp.async wait that make the tile visible
+                fn = ir.InlineAsm(ir.FunctionType(sty, [_I32]), asm, "=r,=r,=r,=r,r,~{memory}",
+                                  side_effect=True)
+                res = builder.call(fn, [addr])
+                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return sig, codegen
+        return ldmatrix
+
+    ldmatrix_x4, ldmatrix_x4_trans = _ldmatrix(False), _ldmatrix(True)
 
     @intrinsic
     def i32_as_f32(typingctx, i):
@@ -218,7 +225,7 @@ def _make_intrinsics():
         cuda.syncwarp(FULL_MASK)
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
+            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -303,6 +310,32 @@ def _sim_dp4a(a, b, c):
     return _wrap_s32(s)
 
 
+def _ldmatrix_regs(rows, trans):
+    """The four registers of every lane (uint32 [32, 4]) from the 32 lanes' 16-byte rows (uint32 [32, 4]
+    each): matrix m is rows 8m..8m+7. Plain: lane (g, t) gets word t of row g, i.e. M[g, 2t:2t+2] in b16;
+    .trans: the pair (M[2t, g], M[2t+1, g])."""
+    rows = np.asarray(rows, np.uint32).reshape(32, 4)
+    lanes = np.arange(32)
+    g, t = lanes >> 2, lanes & 3
+    out = np.zeros((32, 4), np.uint32)
+    for m in range(4):
+        mat = rows[8 * m:8 * m + 8]
+        if not trans:
+            out[:, m] = mat[g, t]
+        else:
+            halves = mat.view(np.uint16)                        # [8 rows, 8 columns]
+            out[:, m] = halves[2 * t, g].astype(np.uint32) | (halves[2 * t + 1, g].astype(np.uint32) << 16)
+    return out
+
+
+def _ldmatrix_plain(rows):
+    return _ldmatrix_regs(rows, False)
+
+
+def _ldmatrix_trans(rows):
+    return _ldmatrix_regs(rows, True)
+
+
 def mma_sync_f32_twin(product):
     """The simulator's stand-in for an intrinsic of ``mma_sync_f32_intrinsic``: ``product`` maps the 32 lanes'
     (a0, a1, a2, a3, b0, b1) to A·B (float64 [16, 8]); each lane gets its C/D fragment plus c."""
@@ -353,8 +386,13 @@ def _make_fallbacks():
 
     @cuda.jit(device=True)
     def ldmatrix_x4(smem, idx):
-        lane, rows = _warp_collective(_sim_bytes16(smem, idx).view(np.uint32).copy(), list)
-        return tuple(rows[8 * j + (lane >> 2)][lane & 3] for j in range(4))
+        lane, regs = _warp_collective(_sim_bytes16(smem, idx).view(np.uint32).copy(), _ldmatrix_plain)
+        return regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3]
+
+    @cuda.jit(device=True)
+    def ldmatrix_x4_trans(smem, idx):
+        lane, regs = _warp_collective(_sim_bytes16(smem, idx).view(np.uint32).copy(), _ldmatrix_trans)
+        return regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3]
 
     @cuda.jit(device=True)
     def i32_as_f32(i):
@@ -375,7 +413,7 @@ def _make_fallbacks():
         _warp_collective(0, len)
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
+            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
 
 
 def _accept_shared_alignment():
@@ -409,5 +447,5 @@ if SIMULATOR:
     _accept_shared_alignment()
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
- cp_async_wait_1, ldmatrix_x4, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp) = (
+ cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -31,6 +31,7 @@ import pytest
 
 from attn_cases import attention_inputs
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn import mma_f16, prefill_mma
 from ninfer_numba.kernels.flash_attn.prefill_mma import attention_prefill_mma
 from ninfer_numba.kernels.flash_attn.ref import attention_ref, gate_ref
@@ -233,8 +234,8 @@ def _ldmatrix_kernel(src, row_word, plain, trans):
     for i in range(lane, src.size, 32):
         s[i] = src[i]
     cuda.syncthreads()
-    plain[lane, 0], plain[lane, 1], plain[lane, 2], plain[lane, 3] = mma_f16.ldmatrix_x4(s, row_word[lane])
-    trans[lane, 0], trans[lane, 1], trans[lane, 2], trans[lane, 3] = mma_f16.ldmatrix_x4_trans(
+    plain[lane, 0], plain[lane, 1], plain[lane, 2], plain[lane, 3] = ptx.ldmatrix_x4(s, row_word[lane])
+    trans[lane, 0], trans[lane, 1], trans[lane, 2], trans[lane, 3] = ptx.ldmatrix_x4_trans(
         s, row_word[lane])
 
 

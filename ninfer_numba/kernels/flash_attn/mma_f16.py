@@ -5,9 +5,6 @@ On a GPU every name below is an ``@intrinsic`` emitting one PTX instruction (pat
 
 - ``mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: warp-wide
   ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``, D = A·B + C, returns (d0, d1, d2, d3) float32.
-- ``ldmatrix_x4(smem, i)`` / ``ldmatrix_x4_trans(smem, i)``: warp-wide ``ldmatrix.sync.aligned.m8n8.x4``
-  (``.trans``) ``.shared.b16``; lane l supplies the address of row l % 8 of matrix l // 8 as flat element
-  ``i`` of a shared array (16-byte aligned); returns four uint32, register m from matrix m.
 - ``pack_f16x2(lo, hi)``: two float32 rounded to nearest f16 and packed into one uint32, ``lo`` in bits
   0-15 (``cvt.rn.f16x2.f32``, whose FIRST source lands in the UPPER half, so the operands are swapped).
 
@@ -18,7 +15,7 @@ t = lane & 3; each b32 register holds two f16, the lower-indexed element in the 
     B 16x8 col:   b0 = B[2t:2t+2, g]   b1 = B[2t+8:2t+10, g]
     C/D 16x8:     c0 = C[g, 2t]  c1 = C[g, 2t+1]  c2 = C[g+8, 2t]  c3 = C[g+8, 2t+1]
 
-ldmatrix gives lane (g, t) the pair M[g, 2t:2t+2] of each 8x8 matrix M (rows = the addressed rows), or with
+kernels/ptx.py's ldmatrix_x4 gives lane (g, t) the pair M[g, 2t:2t+2] of each 8x8 matrix M (rows = the addressed rows), or with
 ``.trans`` the pair (M[2t, g], M[2t+1, g]); with row addresses chosen accordingly the four registers are an
 A fragment of a row-major tile, B fragments of a row-major [n, k] tile (K rows), or, transposed, B
 fragments of a row-major [k, n] tile (V rows).
@@ -31,8 +28,7 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import (_host_view, _warp_collective, mma_sync_f32_intrinsic, mma_sync_f32_twin,
-                                     shared_address)
+from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic, mma_sync_f32_twin
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
@@ -45,27 +41,6 @@ def _make_intrinsics():
 
     mma_f16_16816 = mma_sync_f32_intrinsic("m16n8k16.row.col.f32.f16.f16.f32")
 
-    def _ldmatrix(trans):
-        asm = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
-               ".shared.b16 {$0, $1, $2, $3}, [$4];")
-
-        @intrinsic
-        def ldmatrix(typingctx, smem, idx):
-            ret = types.UniTuple(types.uint32, 4)
-            sig = ret(smem, idx)
-
-            def codegen(context, builder, sig, args):
-                addr = shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                sty = ir.LiteralStructType([_I32] * 4)
-                # a memory read the compiler cannot see: side effect + memory clobber keep it after the
-                # barrier and the cp.async wait that make the tile visible
-                fn = ir.InlineAsm(ir.FunctionType(sty, [_I32]), asm, "=r,=r,=r,=r,r,~{memory}",
-                                  side_effect=True)
-                res = builder.call(fn, [addr])
-                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
-            return sig, codegen
-        return ldmatrix
-
     @intrinsic
     def pack_f16x2(typingctx, lo, hi):
         sig = types.uint32(lo, hi)
@@ -76,7 +51,7 @@ def _make_intrinsics():
             return builder.call(fn, vals)
         return sig, codegen
 
-    return mma_f16_16816, _ldmatrix(False), _ldmatrix(True), pack_f16x2
+    return mma_f16_16816, pack_f16x2
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -108,46 +83,15 @@ def _mma_f16_from_fragments(frags):
     return a @ b
 
 
-def _ldmatrix_from_addresses(trans):
-    def combine(values):
-        words = _host_view(values[0][0]).reshape(-1).view(np.uint32)
-        idx = [int(v[1]) for v in values]
-        out = np.zeros((32, 4), np.uint32)
-        for m in range(4):
-            rows = np.stack([words[idx[8 * m + r]:idx[8 * m + r] + 4] for r in range(8)])   # [8 rows, 4 words]
-            if not trans:
-                out[:, m] = rows[_G, _T]                        # M[g, 2t:2t+2] is word t of row g
-            else:
-                halves = rows.view(np.uint16)                   # [8 rows, 8 columns]
-                lo = halves[2 * _T, _G].astype(np.uint32)       # M[2t, g]
-                hi = halves[2 * _T + 1, _G].astype(np.uint32)   # M[2t+1, g]
-                out[:, m] = lo | (hi << 16)
-        return out
-    return combine
-
-
 def _make_fallbacks():
-    ld_plain = _ldmatrix_from_addresses(False)
-    ld_trans = _ldmatrix_from_addresses(True)
-
     mma_f16_16816 = mma_sync_f32_twin(_mma_f16_from_fragments)
-
-    @cuda.jit(device=True)
-    def ldmatrix_x4(smem, idx):
-        lane, regs = _warp_collective((smem, idx), ld_plain)
-        return regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3]
-
-    @cuda.jit(device=True)
-    def ldmatrix_x4_trans(smem, idx):
-        lane, regs = _warp_collective((smem, idx), ld_trans)
-        return regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3]
 
     @cuda.jit(device=True)
     def pack_f16x2(lo, hi):
         with np.errstate(over="ignore"):                        # overflow to inf, as cvt.rn does
             return np.array([lo, hi], np.float32).astype(np.float16).view(np.uint32)[0]
 
-    return mma_f16_16816, ldmatrix_x4, ldmatrix_x4_trans, pack_f16x2
+    return mma_f16_16816, pack_f16x2
 
 
-mma_f16_16816, ldmatrix_x4, ldmatrix_x4_trans, pack_f16x2 = _make_fallbacks() if SIMULATOR else _make_intrinsics()
+mma_f16_16816, pack_f16x2 = _make_fallbacks() if SIMULATOR else _make_intrinsics()

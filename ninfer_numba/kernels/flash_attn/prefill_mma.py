@@ -44,7 +44,8 @@ import numpy as np
 from numba import types
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.flash_attn.mma_f16 import ldmatrix_x4, ldmatrix_x4_trans, mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.ptx import ldmatrix_x4, ldmatrix_x4_trans
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
