@@ -28,36 +28,20 @@ address g·stride + t) have stride ≡ 4 (mod 32) words and rows read as B[t, g]
 stride ≡ 8 (mod 32).
 """
 import numpy as np
-from llvmlite import ir
 from numba import types, uint32
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic, mma_sync_f32_twin
+from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic, mma_sync_f32_twin, pair_asm_intrinsic
 
-_I32 = ir.IntType(32)
 
 
 # ---------------------------------------------------------------- GPU: inline PTX ---------------------
 
 def _make_intrinsics():
-    from numba.cuda.extending import intrinsic
-
     mma_tf32_1688 = mma_sync_f32_intrinsic("m16n8k8.row.col.f32.tf32.tf32.f32")
 
-    @intrinsic
-    def split_tf32(typingctx, x):
-        ret = types.UniTuple(types.uint32, 2)
-        sig = ret(x)
-
-        def codegen(context, builder, sig, args):
-            v = context.cast(builder, args[0], sig.args[0], types.float32)
-            asm = ("{ .reg .f32 x, h; and.b32 $0, $2, -8192; mov.b32 x, $2; mov.b32 h, $0; sub.f32 x, x, h; "
-                   "mov.b32 $1, x; }")
-            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I32]), asm, "=r,=r,r")
-            res = builder.call(fn, [builder.bitcast(v, _I32)])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
-        return sig, codegen
-
+    split_tf32 = pair_asm_intrinsic("{ .reg .f32 x, h; and.b32 $0, $2, -8192; mov.b32 x, $2; mov.b32 h, $0; "
+                                    "sub.f32 x, x, h; mov.b32 $1, x; }", types.uint32)
     return mma_tf32_1688, split_tf32
 
 

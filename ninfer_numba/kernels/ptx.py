@@ -113,6 +113,30 @@ def mma_sync_f32_intrinsic(shape_types: str):
     return mma
 
 
+def pair_asm_intrinsic(asm: str, out_type):
+    """An intrinsic ``f(x) -> (y0, y1)`` running ``asm`` on the 32 bits of x ($2; a float32 argument passes its
+    bits) into two 32-bit results $0, $1 of ``out_type`` (types.uint32 or types.float32)."""
+    from numba.cuda.extending import intrinsic
+    out_ir, out_c = (_F32, "=f") if out_type == types.float32 else (_I32, "=r")
+
+    @intrinsic
+    def pair(typingctx, x):
+        ret = types.UniTuple(out_type, 2)
+        sig = ret(x)
+
+        def codegen(context, builder, sig, args):
+            if isinstance(sig.args[0], types.Float):
+                word = builder.bitcast(context.cast(builder, args[0], sig.args[0], types.float32), _I32)
+            else:
+                word = context.cast(builder, args[0], sig.args[0], types.uint32)
+            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([out_ir] * 2), [_I32]), asm,
+                              f"{out_c},{out_c},r")
+            res = builder.call(fn, [word])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+        return sig, codegen
+    return pair
+
+
 def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 

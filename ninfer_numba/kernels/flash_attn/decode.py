@@ -32,7 +32,7 @@ import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32
+from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, pair_asm_intrinsic, shfl_xor_f32
 
 DEC_WARPS = 4                     # warps per block of the partial kernel
 DEC_TPB = 32 * DEC_WARPS
@@ -53,35 +53,16 @@ def _rows_per_step(G: int) -> int:
 # ---------------------------------------------------------------- f16 pair → two float32 -------------
 
 def _make_h2_to_f32():
+    """h2_to_f32(w) -> (low half, high half) of a uint32 holding two f16, each converted exactly to float32."""
     if SIMULATOR:
         @cuda.jit(device=True)
         def h2_to_f32(w):
             h = np.array([int(w) & 0xFFFFFFFF], np.uint32).view(np.float16).astype(np.float32)
             return h[0], h[1]
         return h2_to_f32
-
-    from llvmlite import ir
     from numba import types
-    from numba.cuda.extending import intrinsic
-
-    f32 = ir.FloatType()
-
-    @intrinsic
-    def h2_to_f32(typingctx, w):
-        """(low half, high half) of a uint32 holding two f16, each converted exactly to float32."""
-        ret = types.UniTuple(types.float32, 2)
-        sig = ret(w)
-
-        def codegen(context, builder, sig, args):
-            word = context.cast(builder, args[0], sig.args[0], types.uint32)
-            sty = ir.LiteralStructType([f32, f32])
-            asm = ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
-                   "cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
-            fn = ir.InlineAsm(ir.FunctionType(sty, [ir.IntType(32)]), asm, "=f,=f,r")
-            res = builder.call(fn, [word])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
-        return sig, codegen
-    return h2_to_f32
+    return pair_asm_intrinsic("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
+                              types.float32)
 
 
 h2_to_f32 = _make_h2_to_f32()

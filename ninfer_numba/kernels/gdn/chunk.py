@@ -21,9 +21,10 @@ from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
-from ninfer_numba.kernels.gdn.device_math import gate_log_decay, row_sum_f32, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.reduce import row_sum_f32
 
 WARPS_ROW = 4      # warps per block of the row kernels
 

@@ -26,9 +26,9 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, int32
 
-from ninfer_numba.kernels.gdn.device_math import (block_sum2_pow2, block_sum_pow2, gate_log_decay,
-                                                   sigmoid_f32, silu_f32)
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.reduce import block_sum2_pow2, block_sum_pow2
 from ninfer_numba.kernels.numba_env import cuda
 
 KG = 4             # key-row groups per value column

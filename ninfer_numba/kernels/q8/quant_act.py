@@ -27,6 +27,7 @@ from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
                                             silu_mul_quant_ref)
+from ninfer_numba.kernels.reduce import block_sum_pow2
 
 TPB = 128                       # threads per thread block; each owns one 32-block at a time
 _F0 = np.float32(0.0)
@@ -77,18 +78,9 @@ def _quantize_block_store(vals, xq, xs, m, b):
 @cuda.jit(device=True, inline=True)
 def _block_sum_f32(s_red, value):
     """Sum of ``value`` over the TPB threads of the block (tree in shared memory); all threads get it."""
-    tid = cuda.threadIdx.x
-    s_red[tid] = value
+    s_red[cuda.threadIdx.x] = value
     cuda.syncthreads()
-    stride = TPB // 2
-    while stride > 0:
-        if tid < stride:
-            s_red[tid] += s_red[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    total = s_red[0]
-    cuda.syncthreads()         # s_red may be reused by the caller right after
-    return total
+    return block_sum_pow2(s_red, cuda.threadIdx.x, TPB)     # ends on a barrier: s_red is free again
 
 
 @cuda.jit(device=True, inline=True)
