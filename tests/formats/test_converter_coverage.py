@@ -145,3 +145,23 @@ def test_split_file_is_refused_with_the_merge_command(tmp_path):
         w.add_int32("split.tensors.count", 200)
     with pytest.raises(ModelFormatError, match="split into 3 files.*llama-gguf-split --merge"):
         open_model(_write(tmp_path, TinySpec(), extra))
+
+
+@pytest.mark.gpu
+def test_converter_file_runs_on_the_gpu(tmp_path):
+    """The converter-like file (BF16 matrices requantized to Q8_0 at load, an MTP block left unread) gives
+    the GPU the same logits as the plain file of the same weights (shapes of tests/model/test_gpu_model.py)."""
+    from ninfer_numba import LLM
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    from tests.model.test_gpu_model import SPEC
+    if SIMULATOR or not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    t = tensors_for(SPEC, np.random.default_rng(8))
+    vocab = _vocab(SPEC.n_vocab)
+    plain = write_gguf(tmp_path / "plain.gguf", SPEC, t, matrix_type=QT.BF16, vocab_tokens=vocab)
+    mtp = _mtp_tensors(SPEC, SPEC.n_layer, np.random.default_rng(6))
+    conv = write_gguf(tmp_path / "conv.gguf", SPEC, dict(t, **mtp), matrix_type=QT.BF16, vocab_tokens=vocab,
+                      skip_keys=("block_count",), extra_kv=_converter_keys(SPEC, 1))
+    logits = [LLM(p, backend="cuda", max_seq=64, prefill_chunk=32).logits(TOKENS) for p in (plain, conv)]
+    np.testing.assert_array_equal(logits[1], logits[0])
+    assert np.isfinite(logits[0]).all()
