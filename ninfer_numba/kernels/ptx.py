@@ -27,8 +27,8 @@ Under ``NUMBA_ENABLE_CUDASIM=1`` intrinsics cannot run, so the same names are bo
 Warp-collective ops (shuffles, mma) exchange values between the 32 simulated threads of a warp through a
 per-warp ``threading.Barrier``; this relies on the simulator running a block's threads as live Python
 threads (``BlockThread`` with ``_manager`` and ``thread_id``), so callers must use them with all 32 lanes
-of a warp converged, exactly as the hardware requires, and with a block size that is a multiple of 32. cp.async is synchronous there (commit/wait do
-nothing), which keeps any correctly fenced kernel correct.
+of a warp converged, exactly as the hardware requires, and with a block size that is a multiple of 32.
+cp.async is synchronous there (commit/wait do nothing), which keeps any correctly fenced kernel correct.
 """
 import sys
 import threading

@@ -136,7 +136,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
         ptx.cp_async_commit()
         if tid < BT:
             smem[uint32(OFF_B + tid)] = beta[uint32(t0 + tid), uint32(j)] if tid < c else f0
-            smem[uint32(OFF_BG + tid)] = g[uint32(t0 + tid), uint32(j)] if tid < c else f0      # raw g until the scan below
+            # raw g until the scan below
+            smem[uint32(OFF_BG + tid)] = g[uint32(t0 + tid), uint32(j)] if tid < c else f0
         cuda.syncthreads()
         if tid < BT:                                     # G_i = Σ_{m <= min(i, c-1)} g_m (broadcast reads)
             acc = f0

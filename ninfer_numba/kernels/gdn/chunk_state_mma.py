@@ -228,7 +228,8 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                     for nt in range(NTV):
                         for e in range(4):
                             key = 16 * mt + gq + 8 * (e >> 1)
-                            acc_h[4 * (NTV * m + nt) + e] = e_last * smem[uint32(OFF_H + key * HP + 8 * nt + 2 * t + (e & 1))]
+                            h_old = smem[uint32(OFF_H + key * HP + 8 * nt + 2 * t + (e & 1))]
+                            acc_h[4 * (NTV * m + nt) + e] = e_last * h_old
             for ks0 in range(0, BT // 8, 2):             # pairs of k8 steps: one basic block for ptxas to schedule
                 for uu in range(2):
                     ks = ks0 + uu
