@@ -25,6 +25,8 @@
 #               every GPU test (8 processes); logs under $OUT/logs
 #   STAGE=gdn_e2e: llama.cpp build and the 9b file in the background; whole-model GPU tests and the GDN GPU
 #               tests at 32K; then `make bench` on the 9b file (both engines, BENCH_TESTS); $OUT/logs, $OUT/bench9.tgz
+#   STAGE=gpu_suite: every GPU test in one call: the slow GDN tests at 32K first (2 processes, their float64
+#               reference alone on the CPU), then the rest in 8 processes; logs under $OUT/logs
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -234,6 +236,17 @@ gdn_e2e)
     BENCH_ARGS="--tests ${BENCH_TESTS:-pp512,pp2048,pp8192,pp32768,tg128} --out $OUT/bench9" > "$OUT/logs/make_bench.log" 2>&1
   say "make bench exit $?"; grep -E "^\| 9b" "$OUT/logs/make_bench.log"
   tar czf "$OUT/bench9.tgz" -C "$OUT" bench9; tar czf "$OUT/logs.tgz" -C "$OUT" logs
+  ;;
+gpu_suite)
+  timeout 300 python3 -m pytest -q -n 2 -m gpu tests/kernels/test_gdn_prefill.py -k T32768 -p no:cacheprovider \
+    --durations=2 > "$OUT/logs/test_gdn_32k.log" 2>&1
+  say "GDN GPU tests at 32K (exit $?): $(tail -1 "$OUT/logs/test_gdn_32k.log")"
+  grep -E "^(FAILED|E  )" "$OUT/logs/test_gdn_32k.log" | cut -c1-300 | head
+  timeout 270 python3 -m pytest -q -n 8 -m gpu tests -k "not T32768" -p no:cacheprovider --durations=12 \
+    > "$OUT/logs/test_gpu_rest.log" 2>&1
+  say "every other GPU test (exit $?): $(tail -1 "$OUT/logs/test_gpu_rest.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_rest.log" | cut -c1-300 | head -20
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
