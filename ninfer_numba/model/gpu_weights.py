@@ -11,7 +11,6 @@ Float matrices (F32/F16/BF16 files) are quantized to Q8_0 here, with a notice, s
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ninfer_numba.formats.quants import quantize_q8_0, split_q8_0
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.model.weights import ModelWeights
+from ninfer_numba.model.weights import ModelWeights, log_to_stderr
 
 
 @dataclass
@@ -54,7 +53,7 @@ class GpuWeights:
     def __init__(self, w: ModelWeights, *, log=None) -> None:
         self.config = c = w.config
         self._w = w
-        self._log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self._log = log or log_to_stderr
         self._converted: list[str] = []
         t0 = time.perf_counter()
         self.token_embd = self._stack(["token_embd.weight"])

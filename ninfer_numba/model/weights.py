@@ -97,7 +97,12 @@ class ModelWeights:
             if len(tokens) else np.zeros((0, self.config.n_embd), np.float32)
 
 
-def open_model(path: str, log=None) -> ModelWeights:
+def log_to_stderr(message: str) -> None:
+    """The default ``log`` of the loaders: one line to stderr, flushed."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def open_model(path: str, log=log_to_stderr) -> ModelWeights:
     """Open and validate a qwen35 GGUF file. Raises ModelFormatError with a user-facing message. Tensors of
     multi-token-prediction blocks are left unread, with one line to ``log`` (default: stderr)."""
     f = GGUFFile(path)
@@ -117,11 +122,11 @@ def open_model(path: str, log=None) -> ModelWeights:
                                    "(NumPy order)")
         check_supported(name, t.ggml_type)
     mtp_prefixes = tuple(f"blk.{i}." for i in range(config.n_layer, config.n_layer + config.mtp_layers))
-    skipped = sorted(n for n in set(f.tensors) - names if n.startswith(mtp_prefixes))
-    extra = sorted(set(f.tensors) - names - set(skipped))
+    unexpected = set(f.tensors) - names
+    skipped = {n for n in unexpected if n.startswith(mtp_prefixes)}
+    extra = sorted(unexpected - skipped)
     if config.mtp_layers:
-        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
-            f"{path}: {len(skipped)} tensors of {config.mtp_layers} multi-token-prediction block(s) "
+        log(f"{path}: {len(skipped)} tensors of {config.mtp_layers} multi-token-prediction block(s) "
             f"(blk.{config.n_layer}.* onwards) left unread: this engine does not decode speculatively")
     if extra:
         more = f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""
