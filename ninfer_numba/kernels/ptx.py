@@ -339,8 +339,7 @@ def _ldmatrix_regs(rows, trans):
     each): matrix m is rows 8m..8m+7. Plain: lane (g, t) gets word t of row g, i.e. M[g, 2t:2t+2] in b16;
     .trans: the pair (M[2t, g], M[2t+1, g])."""
     rows = np.asarray(rows, np.uint32).reshape(32, 4)
-    lanes = np.arange(32)
-    g, t = lanes >> 2, lanes & 3
+    g, t = _LANES >> 2, _LANES & 3
     out = np.zeros((32, 4), np.uint32)
     for m in range(4):
         mat = rows[8 * m:8 * m + 8]
