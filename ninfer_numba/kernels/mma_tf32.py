@@ -31,7 +31,8 @@ import numpy as np
 from numba import types, uint32
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic, mma_sync_f32_twin, pair_asm_intrinsic
+from ninfer_numba.kernels.ptx import (i32_as_f32, ldmatrix_x4, mma_sync_f32_intrinsic, mma_sync_f32_twin,
+                                     pair_asm_intrinsic)
 
 
 
@@ -134,3 +135,47 @@ def make_a_split_loader(stride: int):
         return h0, h1, h2, h3, l0, l1, l2, l3
 
     return load_a_split
+
+
+def make_a_split_ldmatrix(stride: int):
+    """Device function ``load(smem_u, base) -> (hi0..hi3, lo0..lo3)``: the split A fragment of the 16x8 float32
+    tile whose element [0, 0] is word ``base`` of a row-major shared tile with row stride ``stride`` (a
+    multiple of 4, rows 16-byte aligned), by one ``ldmatrix.x4`` (each 8x8 b16 matrix is an 8x4 float32
+    block: lanes 0-7 address rows 0-7, 8-15 rows 8-15, 16-31 the same rows 4 columns on) instead of four
+    loads with their address arithmetic. Every lane of the warp must call it."""
+
+    @cuda.jit(device=True, inline=True)
+    def load_a_ldmatrix(smem_u, base):
+        lane = cuda.threadIdx.x & 31
+        row = (lane & 7) + 8 * ((lane >> 3) & 1)
+        r0, r1, r2, r3 = ldmatrix_x4(smem_u, uint32(base + row * stride + 4 * (lane >> 4)))
+        h0, l0 = split_tf32(i32_as_f32(r0))
+        h1, l1 = split_tf32(i32_as_f32(r1))
+        h2, l2 = split_tf32(i32_as_f32(r2))
+        h3, l3 = split_tf32(i32_as_f32(r3))
+        return h0, h1, h2, h3, l0, l1, l2, l3
+
+    return load_a_ldmatrix
+
+
+def make_b_ldmatrix(stride: int, n_tiles: int):
+    """Device function ``load(smem_u, hi_off, lo_off, row0, k0, bfr)``: bfr[4nt : 4nt+4] = (hi0, hi1, lo0, lo1),
+    the B fragments of n8 tiles nt < n_tiles from a pair of tf32 planes stored TRANSPOSED: row n (an output
+    column) holds B[k, n] along k, row stride ``stride``; tile nt is rows row0 + 8nt.., k-step columns
+    k0..k0+7. One ``ldmatrix.x4`` per plane covers two tiles (b0 from columns k0..k0+3, b1 from k0+4..);
+    with one tile its second half re-reads the first. Every lane of the warp must call it."""
+    pairs = max(1, n_tiles // 2)
+
+    @cuda.jit(device=True, inline=True)
+    def load_b_ldmatrix(smem_u, hi_off, lo_off, row0, k0, bfr):
+        lane = cuda.threadIdx.x & 31
+        half = (lane >> 4) if n_tiles > 1 else 0
+        for pr in range(pairs):
+            p = (row0 + 8 * (2 * pr + half) + (lane & 7)) * stride + k0 + 4 * ((lane >> 3) & 1)
+            h0, h1, h2, h3 = ldmatrix_x4(smem_u, uint32(hi_off + p))
+            l0, l1, l2, l3 = ldmatrix_x4(smem_u, uint32(lo_off + p))
+            bfr[8 * pr], bfr[8 * pr + 1], bfr[8 * pr + 2], bfr[8 * pr + 3] = h0, h1, l0, l1
+            if n_tiles > 1:
+                bfr[8 * pr + 4], bfr[8 * pr + 5], bfr[8 * pr + 6], bfr[8 * pr + 7] = h2, h3, l2, l3
+
+    return load_b_ldmatrix

@@ -35,7 +35,8 @@ from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.gdn.tri_inverse import make_tri_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.mma_tf32 import make_a_split_loader, make_mma3_tiles, split_tf32
+from ninfer_numba.kernels.mma_tf32 import make_a_split_ldmatrix, make_mma3_tiles, split_tf32
+from ninfer_numba.kernels.ptx import i32_as_f32, ldmatrix_x4
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 N_WARPS = 4
@@ -84,9 +85,21 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     mma3_kq = make_mma3_tiles(5)
     mma3_batch = make_mma3_tiles(NB)
     tri_inverse = make_tri_inverse(AP, OFF_A, OFF_T)
-    load_k = make_a_split_loader(KP)             # k and q rows
-    load_t = make_a_split_loader(AP)             # T rows
+    load_k = make_a_split_ldmatrix(KP)           # k and q rows
+    load_t = make_a_split_ldmatrix(AP)           # T rows
     stage = make_row_stager(TPB, S // 4, BT)
+
+    @cuda.jit(device=True, inline=True)
+    def load_kt_pair(smem, w, s_a, s_b, ks, bfr):
+        """bfr[4s : 4s+4] = split B fragments of k-step ks for slots s_a and s_b (k rows of their n8 tiles) by
+        one ldmatrix.x4: lanes 0-15 address slot s_a's tile, 16-31 slot s_b's."""
+        lane = cuda.threadIdx.x & 31
+        _, nt = kq_slot(5 * w + (s_b if lane >= 16 else s_a))
+        r0, r1, r2, r3 = ldmatrix_x4(smem, uint32((8 * nt + (lane & 7)) * KP + 8 * ks + 4 * ((lane >> 3) & 1)))
+        bfr[4 * s_a], bfr[4 * s_a + 2] = split_tf32(i32_as_f32(r0))
+        bfr[4 * s_a + 1], bfr[4 * s_a + 3] = split_tf32(i32_as_f32(r1))
+        bfr[4 * s_b], bfr[4 * s_b + 2] = split_tf32(i32_as_f32(r2))
+        bfr[4 * s_b + 1], bfr[4 * s_b + 3] = split_tf32(i32_as_f32(r3))
 
     @cuda.jit(device=True, inline=True)
     def kq_products(smem, acc_k, acc_q, bfr, w, gq, t, ra1, ra2, N1):
@@ -94,11 +107,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
         for ks0 in range(0, KS, 2):                      # pairs of k8 steps: one basic block for ptxas
             for uu in range(2):
                 ks = ks0 + uu
-                for s in range(5):                       # B[t, g] = K[8nt + g, 8ks + t]
-                    _, nt = kq_slot(5 * w + s)
-                    rb = (8 * nt + gq) * KP + 8 * ks + t
-                    bfr[4 * s], bfr[4 * s + 2] = split_tf32(smem[uint32(rb)])
-                    bfr[4 * s + 1], bfr[4 * s + 3] = split_tf32(smem[uint32(rb + 4)])
+                for s2 in range(3):                      # B[t, g] = K[8nt + g, 8ks + t]: k rows, slots in pairs
+                    load_kt_pair(smem, w, 2 * s2, min(2 * s2 + 1, 4), ks, bfr)
                 kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3 = load_k(smem, uint32(ra1 + 8 * ks))
                 qh0, qh1, qh2, qh3, ql0, ql1, ql2, ql3 = load_k(smem, uint32(OFF_QV + ra1 + 8 * ks))
                 mma3_kq(acc_k, 0, 0, N1, kh0, kh1, kh2, kh3, kl0, kl1, kl2, kl3, bfr)
@@ -163,8 +173,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
             r, _ = kq_slot(5 * w + s)
             if r == r1:
                 n1 += 1
-        ra1 = (16 * r1 + gq) * KP + t                    # A[g, t] of row tile r1 in s_k / s_qv
-        ra2 = (16 * r2 + gq) * KP + t
+        ra1 = 16 * r1 * KP                               # A[0, 0] of row tile r1 in s_k / s_qv
+        ra2 = 16 * r2 * KP
         if n1 == 5:                                      # N1 a constant in each copy: no branch per mma
             kq_products(smem, acc_k, acc_q, bfr, w, gq, t, ra1, ra2, 5)
         elif n1 == 3:
@@ -199,8 +209,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
         r_hi = 3 - (w >> 1)
         r_lo = w >> 1
         is_w = (w & 1) == 0
-        rt_hi = OFF_T + (16 * r_hi + gq) * AP + t
-        rt_lo = OFF_T + (16 * r_lo + gq) * AP + t
+        rt_hi = OFF_T + 16 * r_hi * AP                   # A[0, 0] of the T rows
+        rt_lo = OFF_T + 16 * r_lo * AP
         for batch in range(NBATCH):
             col0 = batch * NB * 8                        # first column of the batch inside W or U
             for x in range(ACC_B):

@@ -24,7 +24,7 @@ from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.gdn.chunk_form import BT
-from ninfer_numba.kernels.mma_tf32 import make_a_split_loader, make_mma3_tiles, split_tf32
+from ninfer_numba.kernels.mma_tf32 import make_a_split_ldmatrix, make_mma3_tiles, split_tf32
 from ninfer_numba.kernels.numba_env import cuda
 
 NB16 = BT // 16                  # 16-row blocks of a chunk
@@ -34,7 +34,7 @@ def make_tri_inverse(AP: int, off_a: int, off_t: int):
     """Device function ``tri_inverse(smem)`` for a block of 4 warps; ends after a block barrier."""
     if BT != 64:
         raise ValueError("the warp split of tri_inverse is laid out for 64-row chunks")
-    load_a = make_a_split_loader(AP)
+    load_a = make_a_split_ldmatrix(AP)
     mma3 = make_mma3_tiles(1)
     f0 = float32(0.0)
 
@@ -46,7 +46,7 @@ def make_tri_inverse(AP: int, off_a: int, off_t: int):
         for i in range(jb + 1, NB16):
             for x in range(4):
                 acc[x] = f0
-            ra = uint32(off_a + (16 * i + gq) * AP + t)
+            ra = uint32(off_a + 16 * i * AP)            # A[16i, 0]
             for ks in range(2 * jb, 2 * i):      # X = A[16i.., 16jb..16i) · T[16jb..16i), tile c]
                 ah0, ah1, ah2, ah3, al0, al1, al2, al3 = load_a(smem, ra + uint32(8 * ks))
                 bfr[0], bfr[2] = split_tf32(smem[uint32(off_t + (8 * ks + t) * AP + col)])
@@ -60,7 +60,7 @@ def make_tri_inverse(AP: int, off_a: int, off_t: int):
             ptx.syncwarp()
             for x in range(4):
                 acc[x] = f0
-            rt = uint32(off_t + (16 * i + gq) * AP + 16 * i + t)
+            rt = uint32(off_t + 16 * i * AP + 16 * i)   # T[16i, 16i]
             for ks in range(2):                  # T_ii · X
                 ah0, ah1, ah2, ah3, al0, al1, al2, al3 = load_a(smem, rt + uint32(8 * ks))
                 bfr[0], bfr[2] = split_tf32(smem[uint32(off_t + (16 * i + 8 * ks + t) * AP + col)])
