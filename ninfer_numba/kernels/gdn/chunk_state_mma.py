@@ -85,6 +85,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
     ACC_A = 4 * NTW              # accumulator words of a warp's m16 x (BV / COL_GROUPS) tile
     ACC_H = 4 * NTV * MTW
     K0 = Hk * S
+    HVS = Hv * S                 # row length of o_out
     SCALE = float32(1.0 / math.sqrt(S))
     f0 = float32(0.0)
     mma3_a = make_mma3_tiles(NTW)
@@ -128,8 +129,10 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
 
     @cached_jit(**occupancy)
     def chunk_state_mma(u, G_cum, W, U, P, state, o_out, T):
-        # u: [T, C], G_cum: [Hv, T], W, U: [Hv, Tw, S], P: [Hv, Tw, BT], state: [Hv, S, S] (in/out),
-        # o_out: [T, Hv*S] raw (un-normalised) output
+        # u: [T, C], G_cum: [Hv, T], W: [Hv, Tw, S], U: [Hv·Tw·S] (flat), P: [Hv, Tw, BT], state: [Hv, S, S]
+        # (in/out), o_out: [T·Hv·S] (flat) raw (un-normalised) output; flat views and 32-bit offsets from a
+        # per-chunk base (the 3-index forms cost 64-bit address arithmetic per element; offsets < 2^32 for
+        # any T the workspace allows)
         smem = cuda.shared.array(0, types.float32, alignment=16)
         smem_u = cuda.shared.array(0, types.uint32, alignment=16)   # the same bytes (dynamic arrays alias)
         acc_w = cuda.local.array(ACC_A, float32)         # [n8 tile of the warp, c0..c3] W h
@@ -165,10 +168,12 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
         for n in range(n_chunks):
             t0 = n * BT
             c = min(BT, T - t0)
+            u_base = uint32((j * Tw + t0) * S + v0 + cb + 2 * t)         # U[j, t0, v0 + cb + 2t], flat
+            o_base = uint32(t0 * HVS + j * S + v0 + cb + 2 * t)          # o_out[t0, j·S + v0 + cb + 2t], flat
             for nt in range(NTW):                        # U of my accumulator positions, in flight early
                 for e in range(4):
                     i = min(16 * rw + gq + 8 * (e >> 1), c - 1)      # rows >= c are never used
-                    u_reg[4 * nt + e] = U[uint32(j), uint32(t0 + i), uint32(v0 + cb + 8 * nt + 2 * t + (e & 1))]
+                    u_reg[4 * nt + e] = U[u_base + uint32(i * S + 8 * nt + (e & 1))]
             ptx.cp_async_wait_1()
             cuda.syncthreads()                           # W, Q of chunk n and h visible
 
@@ -211,8 +216,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                 for e in range(4):
                     i = 16 * rw + gq + 8 * (e >> 1)
                     if i < c:
-                        col = j * S + v0 + cb + 8 * nt + 2 * t + (e & 1)
-                        o_out[uint32(t0 + i), uint32(col)] = acc_q[4 * nt + e] * SCALE
+                        o_out[o_base + uint32(i * HVS + 8 * nt + (e & 1))] = acc_q[4 * nt + e] * SCALE
 
             # C. h <- e^(G_last) h + K̃ᵀ V' for the warp's key tiles
             e_last = smem[uint32(OFF_EG + c - 1)]
@@ -262,7 +266,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
 def launch_chunk_state_mma(ws, state, o_out, T: int, stream=0) -> None:
     """chunk_state_mma over the first T rows of workspace ``ws``: state [Hv, S, S] in/out, o_out [T, Hv*S]."""
     kernel = chunk_state_mma_kernel(ws.S, ws.Hk, ws.Hv)
-    args = (ws.u, ws.G, ws.W, ws.U, ws.P, state, o_out, T)
+    args = (ws.u, ws.G, ws.W, ws.U.reshape(ws.U.size), ws.P, state, o_out.reshape(o_out.size), T)
     nbytes = 4 * state_smem_words(ws.S)
     allow_dynamic_smem(kernel, args, nbytes)
     kernel[(ws.S // state_tile(ws.S), ws.Hv), TPB, stream, nbytes](*args)
