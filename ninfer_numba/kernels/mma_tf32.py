@@ -8,8 +8,8 @@
   ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``, D = A·B + C; a*/b* are tf32 bit patterns
   (uint32), c* and the returned (d0, d1, d2, d3) float32. Products of two tf32 values are exact in float32.
 - ``make_mma3_tiles(n)``: A·B to about float32 accuracy for n n8 tiles as hi·hi + hi·lo + lo·hi (the lo·lo
-  term, below 2^-20 relative, is dropped); ``make_a_split_loader(stride)``: a split A fragment from shared
-  memory.
+  term, below 2^-20 relative, is dropped); ``make_a_split_ldmatrix(stride)`` and ``make_b_ldmatrix(stride, n)``:
+  split A fragments and pre-split B fragments from shared memory by ``ldmatrix.x4``.
 
 Why 3xTF32 and not f16: the GDN prefill is tested against float64 within a budget derived from float32
 rounding (tests/kernels/gdn_cases.py, ~(S + 64)·2^-24 per chunk). A single f16 or tf32 rounding of the
@@ -119,22 +119,6 @@ def make_mma3_tiles(n_tiles: int):
                     ah0, ah1, ah2, ah3, bfr[4 * nt], bfr[4 * nt + 1], acc[x], acc[x + 1], acc[x + 2], acc[x + 3])
 
     return mma3_tiles
-
-
-def make_a_split_loader(stride: int):
-    """Device function ``load_a_split(smem, p) -> (hi0, hi1, hi2, hi3, lo0, lo1, lo2, lo3)``: the split A
-    fragment of a row-major float32 tile in shared memory with row stride ``stride``, where ``p`` (unsigned)
-    is the lane's element A[g, t] (a1 and a3 are 8 rows further, a2 and a3 4 columns further)."""
-
-    @cuda.jit(device=True, inline=True)
-    def load_a_split(smem, p):
-        h0, l0 = split_tf32(smem[p])
-        h1, l1 = split_tf32(smem[p + uint32(8 * stride)])
-        h2, l2 = split_tf32(smem[p + uint32(4)])
-        h3, l3 = split_tf32(smem[p + uint32(8 * stride + 4)])
-        return h0, h1, h2, h3, l0, l1, l2, l3
-
-    return load_a_split
 
 
 def make_a_split_ldmatrix(stride: int):
