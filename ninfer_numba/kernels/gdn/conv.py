@@ -18,12 +18,24 @@ from ninfer_numba.kernels.numba_env import cuda
 
 TPB = 128          # threads per block: channels
 BT_CONV = 32       # tokens per block; the K-1 token halo is re-read per block (3/32 overhead at K = 4)
+NLOAD = 8          # tokens loaded before any is used, so several loads are in flight per thread (one at a
+                   # time ran at half the copy bandwidth: 255 us for 0.54 GB at 9B / 8K)
 
 
 @lru_cache(maxsize=None)
 def _conv_silu_kernel(K: int):
     """Kernel specialised for K taps (the window lives in registers)."""
     KM1 = K - 1
+
+    @cuda.jit(device=True, inline=True)
+    def conv_step(r_w, r_hist):
+        """silu(w · window) of the window whose newest token is in r_hist[K-1]; then the window slides."""
+        acc = float32(0.0)
+        for k in range(K):
+            acc += r_w[k] * r_hist[k]
+        for k in range(KM1):
+            r_hist[k] = r_hist[k + 1]
+        return silu_f32(acc)
 
     @cached_jit()
     def conv_silu(proj, w, state, u, T, C):
@@ -34,20 +46,23 @@ def _conv_silu_kernel(K: int):
             return
         r_w = cuda.local.array(K, float32)
         r_hist = cuda.local.array(K, float32)       # r_hist[k] = x_{t-K+1+k}; slot K-1 takes the new token
+        r_x = cuda.local.array(NLOAD, float32)      # the next NLOAD tokens of this channel
         for k in range(K):
             r_w[k] = w[ch, k]
         for k in range(KM1):
             s = t0 - KM1 + k                          # token index of this history slot; < 0 reads the state
             r_hist[k] = proj[s, ch] if s >= 0 else state[KM1 + s, ch]
-        t_end = min(t0 + BT_CONV, T)
-        for t in range(t0, t_end):
-            r_hist[KM1] = proj[t, ch]
-            acc = float32(0.0)
-            for k in range(K):
-                acc += r_w[k] * r_hist[k]
-            u[t, ch] = silu_f32(acc)
-            for k in range(KM1):
-                r_hist[k] = r_hist[k + 1]
+        if t0 + BT_CONV <= T:                     # a full tile: NLOAD loads in flight before their use
+            for tb in range(0, BT_CONV, NLOAD):
+                for i in range(NLOAD):
+                    r_x[i] = proj[t0 + tb + i, ch]
+                for i in range(NLOAD):
+                    r_hist[KM1] = r_x[i]
+                    u[t0 + tb + i, ch] = conv_step(r_w, r_hist)
+        else:
+            for t in range(t0, T):
+                r_hist[KM1] = proj[t, ch]
+                u[t, ch] = conv_step(r_w, r_hist)
 
     return conv_silu
 
