@@ -22,6 +22,7 @@ def _backend_llm(path, backend, **kw):
         from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
         if SIMULATOR or not gpu_available():
             pytest.skip("needs a CUDA GPU")
+        kw.setdefault("prefill_chunk", 32)          # the continuation crosses chunk boundaries too
     return LLM(path, backend=backend, max_seq=128, **kw)
 
 
@@ -38,8 +39,13 @@ def test_cpu_extension_reuses_the_state_and_matches_a_fresh_run(tiny_model, para
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_gpu_extension_reuses_the_state_and_matches_a_fresh_run(tiny_model, params):
-    check_extension(tiny_model, "cuda", params)
+def test_gpu_extension_reuses_the_state_and_matches_a_fresh_run(tmp_path, params):
+    """On the shapes the GPU model tests use (tests/model/test_gpu_model.py's SPEC, Q8_0)."""
+    from tests.gguf_factory import QT, tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    check_extension(path, "cuda", params)
 
 
 def check_extension(path, backend, params):
