@@ -222,6 +222,7 @@ class EngineConfig:
     kv_type: str = "f16"           # f16 (other KV formats arrive with their kernels)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
+    prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)
     device: int = 0
 
     def __post_init__(self) -> None:

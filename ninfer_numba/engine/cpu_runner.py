@@ -20,6 +20,11 @@ class CpuRunner:
     def reset(self) -> None:
         self.state = self.model.new_state(self.max_seq)
 
+    @property
+    def position(self) -> int:
+        """Tokens the state holds."""
+        return self.state.pos
+
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Run the prompt; returns the last position's logits [V]."""
         return self.model.forward(ids, self.state, all_logits=False)[0]

@@ -174,6 +174,11 @@ class CudaRunner:
     def reset(self) -> None:
         self.state.reset(self.stream)
 
+    @property
+    def position(self) -> int:
+        """Tokens the state holds once the enqueued work is done (run_ahead's step in flight included)."""
+        return self.state.host_pos
+
     def prefill(self, ids: list[int]) -> np.ndarray:
         self._check_room(len(ids))
         self._run_tokens(np.asarray(ids, np.int32), self.state)

@@ -2,8 +2,14 @@
 
 ``LLM(path, backend=...)`` opens and validates the GGUF file, builds the tokenizer from its metadata and a
 runner for the chosen backend: ``cpu`` runs the NumPy reference model, ``cuda`` the numba-kernel model.
-Both runners implement the same small protocol (``reset``, ``prefill``, ``decode``, ``all_logits``), so the
-generation loop below is written once.
+Both runners implement the same small protocol (``reset``, ``prefill``, ``decode``, ``all_logits``,
+``position``), so the generation loop below is written once.
+
+Prefix reuse: the runner's state after a generation holds exactly the tokens it consumed (the prompt and the
+generated tokens fed back). When the next prompt extends that sequence, as the next turn of a chat does, the
+state is kept and only the new tokens are prefilled (``last_cached_tokens`` says how many were reused). A
+Gated DeltaNet state exists only at the position it has reached, so a prompt that departs from the previous
+sequence anywhere starts over.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ class GenerationResult:
     finish_reason: str          # "stop" (end-of-turn / stop token) or "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0      # prompt tokens whose state was reused from the previous sequence
 
 
 def _resolve_backend(name: str) -> str:
@@ -61,6 +68,8 @@ class LLM:
         else:
             raise ValueError(f"unknown backend {backend!r}")
         self.load_seconds = time.perf_counter() - t0
+        self._fed: list[int] = []          # the tokens whose effect the runner's state holds, in order
+        self.last_cached_tokens = 0        # prompt tokens the last stream() reused instead of prefilling
 
     @property
     def compile_seconds(self) -> float:
@@ -103,16 +112,40 @@ class LLM:
             return
         stops = self.stop_ids(params)
         sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids)
-        step = self._token_steps(sampler, ids)
-        tok = next(step)
-        for n in range(params.max_tokens):
-            yield tok
-            if tok in stops or n + 1 == params.max_tokens:
-                return
-            tok = step.send(tok)
+        rest = self._continue_or_reset(ids)
+        generated: list[int] = []
+        try:
+            step = self._token_steps(sampler, rest)
+            tok = next(step)
+            for n in range(params.max_tokens):
+                generated.append(tok)
+                yield tok
+                if tok in stops or n + 1 == params.max_tokens:
+                    return
+                tok = step.send(tok)
+        finally:                           # the state holds the first `position` tokens of this sequence
+            seq = self._fed + rest + generated
+            self._fed = seq[:self.runner.position] if self.runner.position <= len(seq) else []
+
+    def _continue_or_reset(self, ids: list[int]) -> list[int]:
+        """The prompt tokens still to run: those past the previous sequence when ids extends it (its state is
+        kept), else all of them after a reset."""
+        n = len(self._fed)
+        if self.engine_config.prefix_reuse and 0 < n < len(ids) and ids[:n] == self._fed \
+                and self.runner.position == n:
+            self.last_cached_tokens = n
+            return ids[n:]
+        self._reset()
+        return ids
+
+    def _reset(self) -> None:
+        self.runner.reset()
+        self._fed = []
+        self.last_cached_tokens = 0
 
     def _token_steps(self, sampler: Sampler, ids: list[int]) -> Iterator[int]:
-        """Generator: yields the first token after the prompt, then one token per token sent in.
+        """Generator: runs ``ids`` from the runner's current state, yields the first token after them, then one
+        token per token sent in.
 
         Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
         argmax and other settings run the device sampler when a single penalty window fits
@@ -120,7 +153,6 @@ class LLM:
         already); everything else picks on the host from logits copied back.
         """
         r = self.runner
-        r.reset()
         on_device = getattr(r, "supports_device_sampling", False)
         window = sampler.device_window() if on_device else None
         if on_device and (sampler.is_plain_greedy or window is not None):
@@ -154,26 +186,27 @@ class LLM:
         stopped = bool(out) and out[-1] in stops
         body = out[:-1] if stopped else out
         text = self.tokenizer.decode(body) if self.tokenizer is not None else ""
-        return GenerationResult(out, text, "stop" if stopped else "length", len(ids), len(out))
+        return GenerationResult(out, text, "stop" if stopped else "length", len(ids), len(out),
+                                self.last_cached_tokens)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 [T, n_vocab]: the logits after every position of one fresh sequence."""
         ids = self.encode(token_ids)
         self._check_fits(len(ids), 0)
-        self.runner.reset()
+        self._reset()
         return self.runner.all_logits(ids)
 
     # -- timing for the benchmark harness (llama-bench semantics) --------------------------------------
     def bench_prefill(self, n_tokens: int, *, seed: int = 0) -> float:
         ids = np.random.default_rng(seed).integers(0, self.config.n_vocab, n_tokens).tolist()
         self._check_fits(n_tokens, 0)
-        self.runner.reset()
+        self._reset()
         return self.runner.timed_prefill(ids)
 
     def bench_decode(self, n_gen: int, depth: int = 0, *, seed: int = 0) -> float:
         rng = np.random.default_rng(seed)
         self._check_fits(max(depth, 1), n_gen)
-        self.runner.reset()
+        self._reset()
         if depth:
             self.runner.prefill(rng.integers(0, self.config.n_vocab, depth).tolist())
         first = int(rng.integers(0, self.config.n_vocab))

@@ -26,7 +26,7 @@ def sse(payload: dict[str, Any] | str) -> str:
 def usage(done: Finished) -> dict[str, Any]:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens}}
 
 

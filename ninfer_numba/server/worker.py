@@ -30,6 +30,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int    # every id the engine yielded, end-of-turn token included
     reasoning_tokens: int
+    cached_tokens: int = 0    # prompt tokens reused from the previous sequence's state (engine/llm.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,4 +142,4 @@ def run_job(llm, job: Job) -> None:
         job.post(events)
     if reason == "stop" and parser.tool_calls:
         reason = "tool_calls"
-    job.post(Finished(reason, len(job.prompt_ids), n_generated, n_reasoning))
+    job.post(Finished(reason, len(job.prompt_ids), n_generated, n_reasoning, llm.last_cached_tokens))

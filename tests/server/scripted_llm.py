@@ -53,6 +53,7 @@ class ScriptedLLM:
         self._active = 0
         self._lock = threading.Lock()
         self._im_end = tokenizer.token_id(IM_END)
+        self.last_cached_tokens = 0         # as engine/llm.py reports it; the script reuses no state
 
     def reply_for(self, prompt: str) -> tuple[str, Reply]:
         user = last_user_text(prompt)
