@@ -158,7 +158,8 @@ def test_converter_file_runs_on_the_gpu(tmp_path):
         pytest.skip("needs a CUDA GPU")
     t = tensors_for(SPEC, np.random.default_rng(8))
     vocab = _vocab(SPEC.n_vocab)
-    plain = write_gguf(tmp_path / "plain.gguf", SPEC, t, matrix_type=QT.BF16, vocab_tokens=vocab)
+    plain = write_gguf(tmp_path / "plain.gguf", SPEC, t, matrix_type=QT.BF16, vocab_tokens=vocab,
+                       extra_kv=_converter_keys(SPEC, 0))          # the engine needs the tokenizer keys
     mtp = _mtp_tensors(SPEC, SPEC.n_layer, np.random.default_rng(6))
     conv = write_gguf(tmp_path / "conv.gguf", SPEC, dict(t, **mtp), matrix_type=QT.BF16, vocab_tokens=vocab,
                       skip_keys=("block_count",), extra_kv=_converter_keys(SPEC, 1))
