@@ -21,7 +21,8 @@ ARCH = "qwen35."
 
 
 def _vocab(n: int) -> list[str]:
-    return [f"<t{i}>" for i in range(n - 2)] + ["<|im_start|>", "<|im_end|>"]
+    """Byte-level BPE tokens the merge list below is consistent with (the engine's tokenizer checks it)."""
+    return ["a", "b", "ab"] + [f"<t{i}>" for i in range(n - 5)] + ["<|im_start|>", "<|im_end|>"]
 
 
 def _converter_keys(s: TinySpec, n_mtp: int):
@@ -40,7 +41,7 @@ def _converter_keys(s: TinySpec, n_mtp: int):
             w.add_uint32(ARCH + "nextn_predict_layers", n_mtp)
         w.add_tokenizer_pre("qwen35")
         w.add_token_types([1] * (s.n_vocab - 2) + [3, 3])
-        w.add_token_merges(["<t 1>", "<t 2>"])
+        w.add_token_merges(["a b"])
         w.add_eos_token_id(s.n_vocab - 1)
         w.add_pad_token_id(s.n_vocab - 1)
         w.add_bos_token_id(s.n_vocab - 1)
