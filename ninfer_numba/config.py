@@ -174,6 +174,9 @@ def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
                            "this engine runs RoPE unscaled, within the model's original context length")
 
 
+MAX_TOP_LOGPROBS = 20                # alternatives per token (OpenAI's top_logprobs limit)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling settings; temperature 0 means greedy. Validated on construction."""
@@ -188,10 +191,13 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # added to the model's end-of-turn tokens
     ignore_eos: bool = False
+    logprobs: int | None = None      # None: off; n >= 0: each token's log-probability and its n most likely
 
     def __post_init__(self) -> None:
         checks = [
             (self.max_tokens >= 0, "max_tokens must be >= 0"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+             f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
             (0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2] (as the OpenAI API)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k must be >= 0"),

@@ -33,6 +33,7 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0      # prompt tokens whose state was reused from the previous sequence
+    logprobs: tuple = ()        # TokenLogprob per generated token when params.logprobs is set (sampling.py)
 
 
 def _resolve_backend(name: str) -> str:
@@ -70,6 +71,7 @@ class LLM:
         self.load_seconds = time.perf_counter() - t0
         self._fed: list[int] = []          # the tokens whose effect the runner's state holds, in order
         self.last_cached_tokens = 0        # prompt tokens the last stream() reused instead of prefilling
+        self.last_logprobs: list = []      # the last stream()'s TokenLogprob entries (params.logprobs set)
 
     @property
     def compile_seconds(self) -> float:
@@ -104,14 +106,18 @@ class LLM:
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         return params.stop_ids(self.tokenizer.eos_ids if self.tokenizer is not None else ())
 
-    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
-        """Yield generated ids one at a time; stops after max_tokens or after yielding a stop token."""
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> Iterator[int]:
+        """Yield generated ids one at a time; stops after max_tokens or after yielding a stop token.
+
+        constraint: a grammar over the generated tokens (engine/constraint.py), or None. With
+        params.logprobs set, ``last_logprobs[i]`` describes the i-th yielded token once it is yielded."""
         ids = self.encode(prompt_ids)
         self._check_fits(len(ids), params.max_tokens)
+        sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids, constraint=constraint)
+        self.last_logprobs = sampler.logprob_log
         if params.max_tokens == 0:
             return
         stops = self.stop_ids(params)
-        sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids)
         rest = self._continue_or_reset(ids)
         generated: list[int] = []
         try:
@@ -150,10 +156,10 @@ class LLM:
         Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
         argmax and other settings run the device sampler when a single penalty window fits
         (engine/sampling.py), both through run_ahead (the sent-in token is then the device's own choice
-        already); everything else picks on the host from logits copied back.
+        already); everything else, grammars and logprobs included, picks on the host from logits copied back.
         """
         r = self.runner
-        on_device = getattr(r, "supports_device_sampling", False)
+        on_device = getattr(r, "supports_device_sampling", False) and not sampler.needs_host
         window = sampler.device_window() if on_device else None
         if on_device and (sampler.is_plain_greedy or window is not None):
             # the device picks every token and the next step is queued before the host sees this one
@@ -169,7 +175,7 @@ class LLM:
                 if sampled:
                     sampler.record(tok)
                 yield tok
-        elif sampler.is_plain_greedy:
+        elif sampler.is_plain_greedy and not sampler.needs_host:
             tok = sampler.pick(r.prefill(ids))
             while True:
                 tok = r.decode_greedy((yield tok))
@@ -178,16 +184,17 @@ class LLM:
             while True:
                 tok = sampler.pick(r.decode((yield tok)))
 
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                 constraint=None) -> GenerationResult:
         params = params or SamplingParams()
         ids = self.encode(prompt)
-        out = list(self.stream(ids, params))
+        out = list(self.stream(ids, params, constraint))
         stops = self.stop_ids(params)
         stopped = bool(out) and out[-1] in stops
         body = out[:-1] if stopped else out
         text = self.tokenizer.decode(body) if self.tokenizer is not None else ""
         return GenerationResult(out, text, "stop" if stopped else "length", len(ids), len(out),
-                                self.last_cached_tokens)
+                                self.last_cached_tokens, tuple(self.last_logprobs))
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 [T, n_vocab]: the logits after every position of one fresh sequence."""

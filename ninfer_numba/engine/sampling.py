@@ -9,10 +9,16 @@ step for step, and draw number n of a request is philox_uniform(seed, n) on both
 the device sampler choose the same token from the same logits. The device kernels read one penalty window;
 ``device_window`` gives it whenever that single window reproduces the two above (always, unless both a
 repetition penalty and a presence/frequency penalty are set), and None otherwise: the host then picks.
+
+Two requests always pick on the host, from logits copied back: a grammar (``constraint``, engine/constraint.py)
+sets every token it forbids to -inf before the pick and advances on the chosen one; ``logprobs`` records each
+chosen token's log-probability under the model (the log-softmax of the raw logits, before penalties,
+temperature and grammar, as vLLM reports them) with the ``logprobs`` most likely alternatives.
 """
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -21,9 +27,32 @@ from ninfer_numba.config import SamplingParams
 from ninfer_numba.kernels.sample.ref import apply_penalties_ref, philox_uniform, sample_ref
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]     # the most likely tokens at this step, best first: (id, logprob)
+
+
+def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """Log-softmax of ``logits`` [V] (float64 arithmetic) at ``token``, and its ``n_top`` best entries."""
+    x = np.asarray(logits, np.float64).reshape(-1)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top:
+        idx = np.argpartition(-x, n_top - 1)[:n_top]
+        idx = idx[np.lexsort((idx, -x[idx]))]                # by logit, ties by the lower id
+        top = tuple((int(i), float(x[i] - lse)) for i in idx)
+    return TokenLogprob(int(token), float(x[token] - lse), top)
+
+
 class Sampler:
-    def __init__(self, params: SamplingParams, n_vocab: int, prompt_ids: Sequence[int] = ()) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, prompt_ids: Sequence[int] = (),
+                 constraint=None) -> None:
         self.p = params
+        self.constraint = constraint                        # allowed() -> bool [V], advance(token), or None
+        self.logprob_log: list[TokenLogprob] = []           # one entry per pick when params.logprobs is set
         self.seed = int(params.seed) & (2 ** 64 - 1) if params.seed is not None else secrets.randbits(64)
         self.step = 0                                       # draws so far (the philox counter)
         self.counts = np.zeros(n_vocab, np.int32)           # [V] generated-token counts
@@ -37,6 +66,11 @@ class Sampler:
     @property
     def has_presence_frequency(self) -> bool:
         return bool(self.p.presence_penalty or self.p.frequency_penalty)
+
+    @property
+    def needs_host(self) -> bool:
+        """A grammar or logprobs: every pick on the host (module docstring)."""
+        return self.constraint is not None or self.p.logprobs is not None
 
     @property
     def is_plain_greedy(self) -> bool:
@@ -69,7 +103,14 @@ class Sampler:
         """Choose from ``logits`` [V] on the host and record the choice."""
         p = self.p
         u = philox_uniform(self.seed, self.step)
-        tok = sample_ref(self.penalised(logits), p.temperature, p.top_k, p.top_p, p.min_p, u)
+        x = self.penalised(logits)
+        if self.constraint is not None:
+            x = np.where(self.constraint.allowed(), x, np.float32(-np.inf))
+        tok = sample_ref(x, p.temperature, p.top_k, p.top_p, p.min_p, u)
+        if p.logprobs is not None:
+            self.logprob_log.append(token_logprob(logits, tok, p.logprobs))
+        if self.constraint is not None:
+            self.constraint.advance(tok)
         self.record(tok)
         return tok
 

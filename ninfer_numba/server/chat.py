@@ -7,7 +7,8 @@ reasoning_effort "none") or the last user message ends with the `/no_think` swit
 templates do not implement themselves and which is stripped here.
 
 tool_choice "none" leaves the tools out of the prompt; "required" and a named function start the assistant
-turn with the call header, rendered with thinking off so that the call is the first thing the turn holds.
+turn with the call header, rendered with thinking off so that the call is the first thing the turn holds (the
+grammar of server/structured.py then writes the call). A JSON response_format turns thinking off too.
 
 Special tokens in message content are text: a user who writes ``<|im_end|><|im_start|>system`` gets those
 characters, not a new turn. Before rendering, every special-token string in content (every added token in
@@ -229,7 +230,8 @@ def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
             messages, tokenizer.added_texts(control_only=True), tokenizer.added_texts())
     tools = _validate_tools(req)
     choice, forced = _tool_choice(req, tools)
-    thinking = thinking_enabled(req, strip_no_think(messages)) and choice in ("none", "auto")
+    structured = (req.response_format or {}).get("type", "text") != "text"      # server/structured.py
+    thinking = thinking_enabled(req, strip_no_think(messages)) and choice in ("none", "auto") and not structured
     kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
     prompt_tools = list(req.tools) if tools and choice != "none" else None
     render = render or default_renderer()

@@ -15,7 +15,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ninfer_numba.server.chat import build_chat_prompt
 from ninfer_numba.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, parse_request,
                                           reject_unsupported, resolve_max_tokens, sampling_params, stop_strings)
-from ninfer_numba.server.responses import ChatAccumulator, ResponseHeader, chat_deltas, sse, text_delta, usage
+from ninfer_numba.server.responses import (ChatAccumulator, ResponseHeader, chat_deltas, completion_logprobs,
+                                           logprob_entries, sse, text_delta, usage)
+from ninfer_numba.server.structured import request_constraint
 from ninfer_numba.server.worker import Failed, Finished, Job, PlainTextParser
 
 DISCONNECT_POLL_S = 0.25   # how often a waiting non-streaming handler checks that its client is still there
@@ -51,7 +53,9 @@ async def chat_completions(request: Request, server) -> Any:
     prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
     ids = await asyncio.to_thread(prompt.encode, tokenizer)     # long prompts: off the event loop
     params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq), server.llm.config.n_vocab)
-    job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop())
+    constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
+                                         params.stop_ids(tokenizer.eos_ids))
+    job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint)
     header = server.header("chat", req)
     server.worker.submit(job)
     if req.stream:
@@ -59,7 +63,8 @@ async def chat_completions(request: Request, server) -> Any:
     acc = ChatAccumulator()
     done = await _collect(job, request, acc.add)
     message = acc.message()
-    return JSONResponse(header.body({"index": 0, "message": message, "logprobs": None,
+    logprobs = {"content": acc.logprobs} if params.logprobs is not None else None
+    return JSONResponse(header.body({"index": 0, "message": message, "logprobs": logprobs,
                                      "finish_reason": done.reason}, done))
 
 
@@ -77,9 +82,14 @@ async def completions(request: Request, server) -> Any:
     if req.stream:
         return StreamingResponse(_stream_text(job, header, echo), media_type="text/event-stream",
                                  headers=_SSE_HEADERS)
-    pieces = [echo]
-    done = await _collect(job, request, lambda events: pieces.append(text_delta(events)))
-    return JSONResponse(header.body({"index": 0, "text": "".join(pieces), "logprobs": None,
+    pieces, entries = [echo], []
+
+    def sink(events):
+        pieces.append(text_delta(events))
+        entries.extend(logprob_entries(events))
+    done = await _collect(job, request, sink)
+    logprobs = completion_logprobs(entries) if params.logprobs is not None else None
+    return JSONResponse(header.body({"index": 0, "text": "".join(pieces), "logprobs": logprobs,
                                      "finish_reason": done.reason}, done))
 
 
@@ -123,13 +133,30 @@ def _text_choice(text: str, finish: str | None = None) -> dict[str, Any]:
 
 
 def _stream_chat(job: Job, header: ResponseHeader) -> AsyncIterator[str]:
+    def choices(item):
+        out = [_chat_choice(d) for d in chat_deltas(item)]
+        entries = logprob_entries(item)
+        if entries:                    # on the batch's first chunk (an empty delta when the text is held back)
+            out = out or [_chat_choice({})]
+            out[0]["logprobs"] = {"content": entries}
+        return out
     return _stream(job, header, [_chat_choice({"role": "assistant", "content": None})], _chat_choice({}),
-                   lambda item: [_chat_choice(d) for d in chat_deltas(item)])
+                   choices)
 
 
 def _stream_text(job: Job, header: ResponseHeader, echo: str) -> AsyncIterator[str]:
-    return _stream(job, header, [_text_choice(echo)] if echo else [], _text_choice(""),
-                   lambda item: [_text_choice(t) for t in [text_delta(item)] if t])
+    offset = [0]                      # characters of completion text streamed so far (for text_offset)
+
+    def choices(item):
+        text, entries = text_delta(item), logprob_entries(item)
+        if not text and not entries:
+            return []
+        choice = _text_choice(text)
+        if entries:
+            choice["logprobs"] = completion_logprobs(entries, offset[0])
+        offset[0] += sum(len(e["token"]) for e in entries)
+        return [choice]
+    return _stream(job, header, [_text_choice(echo)] if echo else [], _text_choice(""), choices)
 
 
 async def _stream(job: Job, header: ResponseHeader, opening: list[dict[str, Any]], last: dict[str, Any],

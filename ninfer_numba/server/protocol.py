@@ -1,7 +1,7 @@
 """OpenAI request models, the error type every handler raises, and request -> SamplingParams conversion.
 
 Unknown fields are ignored (clients send cloud-only fields such as `user`, `store`, `metadata`); fields this engine
-cannot honour (n > 1, logprobs, logit_bias, constrained decoding) are rejected with a 400 rather than ignored.
+cannot honour (n > 1, logit_bias, prompt logprobs) are rejected with a 400 rather than ignored.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ninfer_numba.config import SamplingParams
+from ninfer_numba.config import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_STOP_STRINGS = 16
 _UNION_MEMBER_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
@@ -153,16 +153,11 @@ def reject_unsupported(req: _SamplingFields) -> None:
         raise APIError(400, "only n=1 is supported", param="n")
     if req.logit_bias:
         raise APIError(400, "logit_bias is not supported", param="logit_bias")
-    if isinstance(req, ChatCompletionRequest):
-        if req.logprobs or req.top_logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
-        fmt = (req.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise APIError(400, f"response_format {fmt!r} needs constrained decoding, which is not supported; "
-                                "use type 'text'", param="response_format")
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     if isinstance(req, CompletionRequest):
-        if req.logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if req.logprobs is not None and req.echo:
+            raise APIError(400, "logprobs of the prompt (echo with logprobs) are not supported", param="echo")
         if req.suffix:
             raise APIError(400, "suffix (fill-in-the-middle) is not supported", param="suffix")
         if req.best_of is not None and req.best_of != 1:
@@ -194,13 +189,26 @@ def resolve_max_tokens(requested: int | None, n_prompt: int, max_seq: int, param
     return requested
 
 
+def requested_logprobs(req: _SamplingFields) -> int | None:
+    """Alternatives per token the response lists (None: no logprobs): chat's logprobs + top_logprobs, the
+    legacy completions' integer logprobs."""
+    if isinstance(req, ChatCompletionRequest):
+        n, param = (req.top_logprobs or 0) if req.logprobs else None, "top_logprobs"
+    else:
+        n, param = getattr(req, "logprobs", None), "logprobs"
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {n}", param=param)
+    return n
+
+
 def sampling_params(req: _SamplingFields, max_tokens: int, n_vocab: int) -> SamplingParams:
     """OpenAI defaults (temperature 1, top_p 1) where the request is silent; ranges as in OpenAI's API.
     vLLM's ``ignore_eos`` and ``stop_token_ids`` (ids in [0, n_vocab)) are accepted too."""
     temperature = 1.0 if req.temperature is None else req.temperature
     if not 0.0 <= temperature <= 2.0:
         raise APIError(400, f"temperature must be in [0, 2], got {temperature}", param="temperature")
-    fields = dict(max_tokens=max_tokens, temperature=temperature, seed=req.seed, ignore_eos=bool(req.ignore_eos))
+    fields = dict(max_tokens=max_tokens, temperature=temperature, seed=req.seed, ignore_eos=bool(req.ignore_eos),
+                  logprobs=requested_logprobs(req))
     if req.stop_token_ids:
         bad = [i for i in req.stop_token_ids if not 0 <= i < n_vocab]
         if bad:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from ninfer_numba.server.output_parser import REASONING, TextDelta, ToolCallArgs, ToolCallStart
-from ninfer_numba.server.worker import Finished
+from ninfer_numba.server.worker import Finished, TokenLogprobs
 
 
 def new_id(prefix: str) -> str:
@@ -73,6 +73,22 @@ def chat_deltas(events: list[Any]) -> list[dict[str, Any]]:
     return deltas
 
 
+def logprob_entries(events: list[Any]) -> list[dict[str, Any]]:
+    """The chat ``logprobs.content`` entries of one batch of events (one per generated token)."""
+    return [ev.entry for ev in events if isinstance(ev, TokenLogprobs)]
+
+
+def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """Chat logprob entries in the legacy completions shape; text offsets count from ``offset``."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
 def text_delta(events: list[Any]) -> str:
     return "".join(ev.text for ev in events if isinstance(ev, TextDelta))
 
@@ -84,8 +100,10 @@ class ChatAccumulator:
         self.reasoning: list[str] = []
         self.content: list[str] = []
         self.calls: list[dict[str, Any]] = []
+        self.logprobs: list[dict[str, Any]] = []
 
     def add(self, events: list[Any]) -> None:
+        self.logprobs += logprob_entries(events)
         for ev in events:
             if isinstance(ev, TextDelta):
                 (self.reasoning if ev.channel == REASONING else self.content).append(ev.text)

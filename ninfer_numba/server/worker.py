@@ -34,6 +34,21 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One generated token's log-probability in the chat API's shape (its ``logprobs.content`` entry)."""
+    entry: dict[str, Any]
+
+
+def logprob_entry(tokenizer, lp) -> dict[str, Any]:
+    """engine.sampling.TokenLogprob -> {"token", "logprob", "bytes", "top_logprobs"} (OpenAI chat)."""
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        data = tokenizer.token_bytes(token)
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": max(logprob, -9999.0),
+                "bytes": list(data)}
+    return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     message: str
 
@@ -54,9 +69,10 @@ class Job:
     """One request's generation. Events (lists of parser events, then Finished or Failed) go to `events`."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], parser: Any,
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, constraint=None):
         self.prompt_ids = prompt_ids
         self.params = params
+        self.constraint = constraint          # a grammar over the generated tokens (engine/constraint.py)
         self.stops = stops
         self.parser = parser
         self.events: asyncio.Queue = asyncio.Queue()
@@ -117,7 +133,8 @@ def run_job(llm, job: Job) -> None:
     parser = job.parser
     n_generated = n_reasoning = 0
     reason = "length"
-    stream = llm.stream(job.prompt_ids, job.params)
+    stream = llm.stream(job.prompt_ids, job.params, job.constraint)
+    with_logprobs = job.params.logprobs is not None
     try:
         for token_id in stream:
             if job.cancelled:
@@ -129,6 +146,8 @@ def run_job(llm, job: Job) -> None:
                 reason = "stop"
                 break
             events = parser.feed(stops.push(decoder.push(token_id)))
+            if with_logprobs:
+                events.append(TokenLogprobs(logprob_entry(tokenizer, llm.last_logprobs[n_generated - 1])))
             if events:
                 job.post(events)
             if stops.matched is not None:

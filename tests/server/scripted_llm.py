@@ -54,6 +54,8 @@ class ScriptedLLM:
         self._lock = threading.Lock()
         self._im_end = tokenizer.token_id(IM_END)
         self.last_cached_tokens = 0         # as engine/llm.py reports it; the script reuses no state
+        self.last_logprobs: list = []
+        self.constraints: list = []         # the grammar each stream() was given (None for plain requests)
 
     def reply_for(self, prompt: str) -> tuple[str, Reply]:
         user = last_user_text(prompt)
@@ -65,7 +67,11 @@ class ScriptedLLM:
         thinking = prompt.endswith("<think>\n")
         return key, Reply((f"Thinking about {user!r}.\n</think>\n\n" if thinking else "") + f"You said: {user}")
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+    def stream(self, prompt_ids: list[int], params: SamplingParams, constraint=None) -> Iterator[int]:
+        """The scripted reply; a grammar is recorded, not applied; each token has probability 1 (logprob 0)."""
+        from ninfer_numba.engine.sampling import TokenLogprob
+        self.constraints.append(constraint)
+        self.last_logprobs = []
         prompt = self.tokenizer.decode(prompt_ids)
         key, reply = self.reply_for(prompt)
         ids = self.tokenizer.encode(reply.text) + ([self._im_end] if reply.end_of_turn else [])
@@ -83,6 +89,8 @@ class ScriptedLLM:
                 if reply.token_delay_s:
                     time.sleep(reply.token_delay_s)
                 last_sent = token_id in stops or n + 1 == len(todo)
+                if params.logprobs is not None:
+                    self.last_logprobs.append(TokenLogprob(token_id, 0.0, ((token_id, 0.0),) * min(params.logprobs, 1)))
                 yield token_id
                 if token_id in stops:
                     break

@@ -44,11 +44,16 @@ CHAT_CASES = [
     ({"model": MODEL, "messages": USER, "stream": "yes"}, 400, "stream"),
     ({"model": MODEL, "messages": USER, "stop": 5}, 400, "stop"),
     ({"model": MODEL, "messages": USER, "n": 2}, 400, "n"),
-    ({"model": MODEL, "messages": USER, "logprobs": True}, 400, "logprobs"),
+    ({"model": MODEL, "messages": USER, "top_logprobs": 3}, 400, "top_logprobs"),
+    ({"model": MODEL, "messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"model": MODEL, "messages": USER, "logit_bias": {"5": 10}}, 400, "logit_bias"),
-    ({"model": MODEL, "messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"model": MODEL, "messages": USER, "response_format": {"type": "xml"}}, 400, "response_format"),
     ({"model": MODEL, "messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}}, 400,
-     "response_format"),
+     "response_format.json_schema.schema"),
+    ({"model": MODEL, "messages": USER, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "no-such-type"}}}}, 400, "response_format"),
+    ({"model": MODEL, "messages": USER, "response_format": {"type": "json_object"}, "ignore_eos": True}, 400,
+     "ignore_eos"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}, 400, "messages[0].content[0]"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages"),
@@ -78,6 +83,8 @@ def test_accepted_extras_and_model_aliases(live):
     ({"model": MODEL, "prompt": [1, 2, 10 ** 9]}, "prompt"),
     ({"model": MODEL, "prompt": "x", "best_of": 3}, "best_of"),
     ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
+    ({"model": MODEL, "prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"model": MODEL, "prompt": "x", "logprobs": 2, "echo": True}, "echo"),
     ({"model": MODEL, "prompt": "x", "max_tokens": 600}, "max_tokens"),
     ({"model": MODEL}, "prompt"),
 ])

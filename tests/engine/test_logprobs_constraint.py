@@ -1,0 +1,77 @@
+"""Host picks for grammars and logprobs (engine/sampling.py, engine/llm.py) on the CPU backend.
+
+The grammar here is a scripted one (a fixed token sequence, then the end-of-turn token), so these tests
+check the sampler's masking and bookkeeping apart from llguidance (tests/engine/test_constraint.py).
+"""
+import numpy as np
+import pytest
+
+from ninfer_numba.config import SamplingParams
+from ninfer_numba.engine.llm import LLM
+from ninfer_numba.engine.sampling import token_logprob
+
+PROMPT = [5, 17, 200, 9, 31, 64, 2, 77]
+
+
+class ScriptedConstraint:
+    """Allows exactly the next token of ``script``; records what it was advanced with."""
+
+    def __init__(self, script, n_vocab):
+        self.script, self.n_vocab, self.seen = list(script), n_vocab, []
+
+    def allowed(self):
+        mask = np.zeros(self.n_vocab, bool)
+        mask[self.script[len(self.seen)]] = True
+        return mask
+
+    def advance(self, token):
+        if token != self.script[len(self.seen)]:
+            raise ValueError(f"token {token} is not allowed")
+        self.seen.append(token)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model):
+    return LLM(tiny_model, backend="cpu", max_seq=128)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=8, temperature=0.0),
+                                    SamplingParams(max_tokens=8, temperature=1.0, top_k=5, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_a_grammar_decides_every_token(llm, params):
+    eos = min(llm.tokenizer.eos_ids)
+    script = [1000, 2000, 3000, eos]
+    c = ScriptedConstraint(script, llm.config.n_vocab)
+    out = llm.generate(PROMPT, params, constraint=c)
+    assert out.token_ids == script and c.seen == script and out.finish_reason == "stop"
+
+
+def test_logprobs_are_the_models_log_softmax(llm):
+    params = SamplingParams(max_tokens=5, temperature=0.0, logprobs=3)
+    out = llm.generate(PROMPT, params)
+    assert len(out.logprobs) == len(out.token_ids) == 5
+    fresh = llm.logits(PROMPT + out.token_ids[:-1])[len(PROMPT) - 1:]
+    for entry, row, tok in zip(out.logprobs, fresh, out.token_ids):
+        ref = row.astype(np.float64) - np.log(np.exp(row - row.max()).sum()) - row.max()
+        assert entry.token == tok
+        np.testing.assert_allclose(entry.logprob, ref[tok], atol=1e-4)
+        assert [t for t, _ in entry.top] == np.argsort(-ref, kind="stable")[:3].tolist()
+        assert entry.top[0][0] == tok                      # greedy: the chosen token is the most likely
+        np.testing.assert_allclose([lp for _, lp in entry.top], np.sort(ref)[::-1][:3], atol=1e-4)
+
+
+def test_logprobs_off_records_nothing(llm):
+    assert llm.generate(PROMPT, SamplingParams(max_tokens=3)).logprobs == ()
+
+
+def test_token_logprob_zero_top_and_ties():
+    x = np.array([1.0, 3.0, 3.0, -np.inf, 0.5], np.float32)
+    e = token_logprob(x, 2, 0)
+    assert e.top == () and np.isclose(np.exp(e.logprob), np.exp(3) / (np.exp(1) + 2 * np.exp(3) + np.exp(0.5)))
+    assert [t for t, _ in token_logprob(x, 0, 3).top] == [1, 2, 0]
+    assert token_logprob(x, 3, 1).logprob == -np.inf
+
+
+def test_logprobs_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=21)
