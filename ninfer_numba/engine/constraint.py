@@ -129,6 +129,14 @@ class TokenConstraint:
         mask[self._stop_ids] = can_stop
         return mask
 
+    def bitmask(self, n_vocab: int) -> np.ndarray:
+        """allowed() packed for the device sampler: int32 [ceil(n_vocab / 32)], bit i % 32 of word i // 32 set
+        where token i is allowed (ids past the tokenizer's vocabulary never are)."""
+        mask = np.zeros(-(-n_vocab // 32) * 32, dtype=bool)
+        allowed = self.allowed()[:n_vocab]
+        mask[:allowed.shape[0]] = allowed
+        return np.packbits(mask, bitorder="little").view(np.int32)
+
     def advance(self, token: int) -> None:
         """Consume a generated token; ValueError if the grammar forbids it (the constraint is then unchanged)."""
         token = int(token)

@@ -48,6 +48,7 @@ class CudaRunner:
         self._ahead_tok = [cuda.pinned_array(1, np.int32) for _ in range(2)]
         self._ahead_done = [cuda.event() if SIMULATOR else cuda.event(timing=False) for _ in range(2)]  # sim: no kwargs
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
+        self._host_mask = cuda.pinned_array(self.sample_ws.mask.shape[0], np.int32)   # staging of a grammar mask
         self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
         self._prefill_graphs: dict[tuple, CudaGraph] = {}       # (state, t, logits rows) -> graph, LRU order
@@ -225,12 +226,27 @@ class CudaRunner:
         self.penalty_counts.copy_to_device(np.ascontiguousarray(window, np.int32), stream=self.stream)
         self.sample_params.copy_to_device(pack_sample_params(**params), stream=self.stream)
 
-    def prefill_sampled(self, ids: list[int]) -> int:
-        """Run the prompt and draw the first token on the device."""
+    def prefill_sampled(self, ids: list[int], mask: np.ndarray | None = None) -> int:
+        """Run the prompt and draw the first token on the device (under ``mask``, see decode_sampled)."""
         self._check_room(len(ids))
         self._run_tokens(np.asarray(ids, np.int32), self.state)
+        self._load_mask(mask)
         self._pick_kernels(sampled=True)
         return self._read_token()
+
+    def decode_sampled(self, token: int, mask: np.ndarray | None = None) -> int:
+        """One sampled graph replay from ``token``; the drawn token is read back. mask: a grammar's allowed set
+        as TokenConstraint.bitmask packs it (int32 [ceil(V/32)]), drawn under when the sampler settings were
+        loaded with masked=True. One step at a time: the next mask needs this token."""
+        self._set_token(token)
+        self._load_mask(mask)
+        self._replay(sampled=True)
+        return self._read_token()
+
+    def _load_mask(self, mask: np.ndarray | None) -> None:
+        if mask is not None:
+            self._host_mask[:] = mask                  # the previous copy is done: its token was read back
+            self.sample_ws.mask.copy_to_device(self._host_mask, stream=self.stream)
 
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""

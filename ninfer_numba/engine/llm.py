@@ -156,12 +156,21 @@ class LLM:
         Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
         argmax and other settings run the device sampler when a single penalty window fits
         (engine/sampling.py), both through run_ahead (the sent-in token is then the device's own choice
-        already); everything else, grammars and logprobs included, picks on the host from logits copied back.
+        already); under a grammar the device draws one step at a time, each under the grammar's packed mask;
+        everything else (logprobs, two penalty windows) picks on the host from logits copied back.
         """
         r = self.runner
         on_device = getattr(r, "supports_device_sampling", False) and not sampler.needs_host
         window = sampler.device_window() if on_device else None
-        if on_device and (sampler.is_plain_greedy or window is not None):
+        if on_device and sampler.constraint is not None and window is not None:
+            # the device draws under the grammar's mask; the next mask needs this token, so no step runs ahead
+            n_vocab = self.config.n_vocab
+            r.start_sampling(window, sampler.device_params())
+            tok = r.prefill_sampled(ids, mask=sampler.mask_words(n_vocab))
+            while True:
+                sampler.record_masked(tok)
+                tok = r.decode_sampled((yield tok), mask=sampler.mask_words(n_vocab))
+        elif on_device and sampler.constraint is None and (sampler.is_plain_greedy or window is not None):
             # the device picks every token and the next step is queued before the host sees this one
             sampled = not sampler.is_plain_greedy
             if sampled:
@@ -175,7 +184,7 @@ class LLM:
                 if sampled:
                     sampler.record(tok)
                 yield tok
-        elif sampler.is_plain_greedy and not sampler.needs_host:
+        elif sampler.is_plain_greedy and sampler.constraint is None and not sampler.needs_host:
             tok = sampler.pick(r.prefill(ids))
             while True:
                 tok = r.decode_greedy((yield tok))

@@ -10,10 +10,11 @@ the device sampler choose the same token from the same logits. The device kernel
 ``device_window`` gives it whenever that single window reproduces the two above (always, unless both a
 repetition penalty and a presence/frequency penalty are set), and None otherwise: the host then picks.
 
-Two requests always pick on the host, from logits copied back: a grammar (``constraint``, engine/constraint.py)
-sets every token it forbids to -inf before the pick and advances on the chosen one; ``logprobs`` records each
-chosen token's log-probability under the model (the log-softmax of the raw logits, before penalties,
-temperature and grammar, as vLLM reports them) with the ``logprobs`` most likely alternatives.
+A grammar (``constraint``, engine/constraint.py) sets every token it forbids to -inf before the pick and
+advances on the chosen one; the device sampler does the same from the packed mask (``mask_words``), one step
+at a time. ``logprobs`` records each chosen token's log-probability under the model (the log-softmax of the
+raw logits, before penalties, temperature and grammar, as vLLM reports them) with the ``logprobs`` most likely
+alternatives; requests that ask for them pick on the host, from logits copied back.
 """
 from __future__ import annotations
 
@@ -69,8 +70,17 @@ class Sampler:
 
     @property
     def needs_host(self) -> bool:
-        """A grammar or logprobs: every pick on the host (module docstring)."""
-        return self.constraint is not None or self.p.logprobs is not None
+        """logprobs: every pick on the host (module docstring)."""
+        return self.p.logprobs is not None
+
+    def mask_words(self, n_vocab: int) -> np.ndarray:
+        """The grammar's allowed set for the next draw, packed for the device sampler."""
+        return self.constraint.bitmask(n_vocab)
+
+    def record_masked(self, tok: int) -> None:
+        """Account for a token the device drew under the grammar's mask; the grammar advances on it."""
+        self.constraint.advance(tok)
+        self.record(tok)
 
     @property
     def is_plain_greedy(self) -> bool:
@@ -88,7 +98,8 @@ class Sampler:
         p = self.p
         return dict(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
                     repetition=p.repetition_penalty, presence=p.presence_penalty,
-                    frequency=p.frequency_penalty, seed=self.seed, step=self.step)
+                    frequency=p.frequency_penalty, seed=self.seed, step=self.step,
+                    masked=self.constraint is not None)
 
     def penalised(self, logits: np.ndarray) -> np.ndarray:
         p = self.p
@@ -105,7 +116,10 @@ class Sampler:
         u = philox_uniform(self.seed, self.step)
         x = self.penalised(logits)
         if self.constraint is not None:
-            x = np.where(self.constraint.allowed(), x, np.float32(-np.inf))
+            allowed = np.zeros(x.shape[0], bool)
+            ok = self.constraint.allowed()[:x.shape[0]]      # ids past the tokenizer's vocabulary: never
+            allowed[:ok.shape[0]] = ok
+            x = np.where(allowed, x, np.float32(-np.inf))
         tok = sample_ref(x, p.temperature, p.top_k, p.top_p, p.min_p, u)
         if p.logprobs is not None:
             self.logprob_log.append(token_logprob(logits, tok, p.logprobs))

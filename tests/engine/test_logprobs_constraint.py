@@ -24,6 +24,11 @@ class ScriptedConstraint:
         mask[self.script[len(self.seen)]] = True
         return mask
 
+    def bitmask(self, n_vocab):
+        bits = np.zeros(-(-n_vocab // 32) * 32, bool)
+        bits[:self.n_vocab] = self.allowed()
+        return np.packbits(bits, bitorder="little").view(np.int32)
+
     def advance(self, token):
         if token != self.script[len(self.seen)]:
             raise ValueError(f"token {token} is not allowed")
@@ -44,6 +49,28 @@ def test_a_grammar_decides_every_token(llm, params):
     c = ScriptedConstraint(script, llm.config.n_vocab)
     out = llm.generate(PROMPT, params, constraint=c)
     assert out.token_ids == script and c.seen == script and out.finish_reason == "stop"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=8, temperature=0.0),
+                                    SamplingParams(max_tokens=8, temperature=1.0, top_k=5, seed=3),
+                                    SamplingParams(max_tokens=8, temperature=0.8, repetition_penalty=1.3, seed=4)],
+                         ids=["greedy", "sampled", "penalty"])
+def test_gpu_device_draws_under_the_grammar(tmp_path, params):
+    """The cuda runner draws on the device under the packed mask, one step at a time; the script's tokens
+    (the best ones never among them) are the only ones allowed, so the output must be the script."""
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    if SIMULATOR or not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    from tests.gguf_factory import QT, tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    llm = LLM(path, backend="cuda", max_seq=64, prefill_chunk=32)
+    script = [7, 100, 3, 250, 11, 42, 9, 1]
+    c = ScriptedConstraint(script, llm.config.n_vocab)
+    out = llm.generate(PROMPT, params, constraint=c)
+    assert out.token_ids == script and c.seen == script
 
 
 def test_logprobs_are_the_models_log_softmax(llm):

@@ -66,16 +66,22 @@ class Sampler:
         self.ws = SampleWorkspace(V)
         self.out = cuda.to_device(np.full(1, -1, np.int32))
 
-    def draw(self, logits, counts, cfg: dict, seed: int, step: int) -> int:
-        params = cuda.to_device(pack_sample_params(**cfg, seed=seed, step=step))
+    def draw(self, logits, counts, cfg: dict, seed: int, step: int, allowed=None) -> int:
+        """allowed: bool [V] or None; when given, the grammar mask the kernels draw under."""
+        if allowed is not None:
+            bits = np.zeros(-(-len(allowed) // 32) * 32, bool)
+            bits[:len(allowed)] = allowed
+            self.ws.mask.copy_to_device(np.packbits(bits, bitorder="little").view(np.int32))
+        params = cuda.to_device(pack_sample_params(**cfg, seed=seed, step=step, masked=allowed is not None))
         self.out.copy_to_device(np.full(1, -1, np.int32))          # poison
         sample(cuda.to_device(logits), cuda.to_device(counts), params, self.out, self.ws)
         assert params.copy_to_host()[P_STEP] == step + 1            # the draw counter advances on the device
         return int(self.out.copy_to_host()[0])
 
 
-def draw_setup(V, kind, cfg, rng_seed=0, with_counts=False):
-    """(logits, counts, penalty kwargs, sampling cfg, reference SortedMasses of the penalised logits)."""
+def draw_setup(V, kind, cfg, rng_seed=0, with_counts=False, allowed=None):
+    """(logits, counts, penalty kwargs, sampling cfg, reference SortedMasses of the penalised logits, with
+    -inf where ``allowed`` [V] bool, if given, is False: the engine's host pick under a grammar)."""
     rng = np.random.default_rng(rng_seed)
     logits = make_logits(kind, V, rng)
     counts = np.zeros(V, np.int32)
@@ -83,7 +89,10 @@ def draw_setup(V, kind, cfg, rng_seed=0, with_counts=False):
     pen = {k: cfg.pop(k) for k in ("repetition", "presence", "frequency") if k in cfg}
     if with_counts:
         counts[rng.choice(V, V // 10, replace=False)] = rng.integers(1, 4, V // 10)
-    sm = sorted_masses(apply_penalties_ref(logits, counts, **pen), cfg["temperature"])
+    penalised = apply_penalties_ref(logits, counts, **pen)
+    if allowed is not None:
+        penalised = np.where(allowed, penalised, np.float32(-np.inf))
+    sm = sorted_masses(penalised, cfg["temperature"])
     return logits, counts, pen, cfg, sm
 
 
@@ -93,15 +102,17 @@ def ref_trace(sm, cfg, seed):
                          philox_uniform(seed, step)), step
 
 
-def check_draws(V, kind, cfg, seeds, rng_seed=0, with_counts=False):
+def check_draws(V, kind, cfg, seeds, rng_seed=0, with_counts=False, allowed=None):
     """Run every seed; assert agreement within the rounding bounds; return the number of ambiguous draws."""
-    logits, counts, pen, cfg, sm = draw_setup(V, kind, cfg, rng_seed, with_counts)
+    logits, counts, pen, cfg, sm = draw_setup(V, kind, cfg, rng_seed, with_counts, allowed)
     pos_of = np.empty(V, np.int64)
     pos_of[sm.order] = np.arange(V)
     sampler, ambiguous = Sampler(V), 0
     for seed in seeds:
         trace, step = ref_trace(sm, cfg, seed)
-        got = sampler.draw(logits, counts, {**cfg, **pen}, seed, step)
+        got = sampler.draw(logits, counts, {**cfg, **pen}, seed, step, allowed)
+        if allowed is not None:
+            assert allowed[got], f"seed {seed}: the kernel drew {got}, which the mask forbids"
         tol = mass_tol(V, trace.f_total)
         if not trace.ambiguous(tol, E_TOL):
             assert got == trace.token, f"seed {seed}: kernel {got}, reference {trace.token} (kept {trace.n_kept})"
@@ -162,6 +173,22 @@ def test_sample_near_boundary_multiblock(kind):
 def test_sample_penalties_tiny():
     cfg = dict(temperature=0.9, top_k=40, repetition=1.3, presence=0.4, frequency=0.2)
     assert check_draws(1777, "peaked", cfg, seeds=[5], with_counts=True) == 0
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("cfg", [dict(temperature=1.0, top_k=50), dict(temperature=0.7, top_p=0.9, min_p=0.02,
+                                                                        repetition=1.4)], ids=["k50", "p0.9-minp-rep"])
+def test_sample_under_a_mask_tiny(cfg):
+    """A grammar's mask: the draw equals the reference's on the logits with every forbidden token at -inf
+    (the engine's host pick), the mask's last word partly past V, the best tokens forbidden; greedy too."""
+    V = 2021
+    allowed = np.random.default_rng(4).random(V) < 0.05
+    logits = make_logits("peaked", V, np.random.default_rng(0))    # draw_setup's logits (same seed)
+    allowed[np.argsort(-logits)[:8]] = False
+    assert check_draws(V, "peaked", cfg, seeds=[3], allowed=allowed) == 0
+    got = Sampler(V).draw(logits, np.zeros(V, np.int32), dict(temperature=0.0), seed=1, step=0, allowed=allowed)
+    assert got == int(np.argmax(np.where(allowed, logits, -np.inf)))
 
 
 @pytest.mark.cudasim

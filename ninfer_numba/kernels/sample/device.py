@@ -6,7 +6,7 @@ fresh, reproducible u every token. Nothing is sorted: the positions needed in th
 radix select (sample/radix_select.py).
 
 Launch sequence of ``sample`` (one stream, no host synchronisation, graph-capturable, no allocation):
-  _transform_kernel   penalties + temperature -> z [V]; block argmax; the last block finishes the argmax
+  _transform_kernel   penalties + temperature -> z [V] (-inf where a grammar's mask forbids); block argmax; the last block finishes the argmax
                       (greedy ends here), draws u, zeroes the histograms and the select state.
   _hist1_kernel       level-1 histogram of all tokens, m_min and masses; starts the select state machine.
   _refine_kernel x 8  one histogram level of the current select each; idle launches return at once.
@@ -22,7 +22,7 @@ from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.sample.ref import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from ninfer_numba.kernels.sample.radix_select import (
     D_ARGMAX, D_TRANSFORM, F_U, F_ZMAX, G_MAX, IDX_MASK, ITEMS, N_PARAMS, N_REFINE, N_ST, N_STF, NB, P_FREQ,
-    P_MIN_P, P_PRES, P_REP, P_SEED_HI, P_SEED_LO, P_STEP, P_TEMP, P_TOP_K, P_TOP_P, PH_DONE, PH_HIST1,
+    P_MASKED, P_MIN_P, P_PRES, P_REP, P_SEED_HI, P_SEED_LO, P_STEP, P_TEMP, P_TOP_K, P_TOP_P, PH_DONE, PH_HIST1,
     S_PHASE, TPB, _hist1_kernel, _is_last_block, _refine_kernel)
 
 __all__ = ["N_PARAMS", "P_STEP", "SampleWorkspace", "argmax", "pack_sample_params", "sample", "update_counts"]
@@ -35,7 +35,7 @@ _PW0, _PW1 = np.uint64(PHILOX_W0), np.uint64(PHILOX_W1)
 
 def pack_sample_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                        repetition: float = 1.0, presence: float = 0.0, frequency: float = 0.0,
-                       seed: int | None = None, step: int = 0) -> np.ndarray:
+                       seed: int | None = None, step: int = 0, masked: bool = False) -> np.ndarray:
     """Host side of the parameter buffer: [N_PARAMS] float64. seed None draws a random 64-bit seed."""
     if seed is None:
         seed = secrets.randbits(64)
@@ -46,6 +46,7 @@ def pack_sample_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 
     p[P_TOP_K] = int(top_k)
     p[P_SEED_LO], p[P_SEED_HI] = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
     p[P_STEP] = int(step)
+    p[P_MASKED] = float(bool(masked))
     return p
 
 
@@ -69,6 +70,7 @@ class SampleWorkspace:
         self.done = zeros(4, np.int32)                    # last-block tickets, reset by each last block
         self.st = zeros(N_ST, np.int64)
         self.stf = zeros(N_STF, np.float64)
+        self.mask = cuda.to_device(np.full(-(-n_vocab // 32), -1, np.int32), stream=stream)  # [ceil(V/32)] bits
 
 
 # ---------------------------------------------------------------- device helpers
@@ -176,9 +178,10 @@ def _argmax_kernel(logits, part_val, part_idx, done, out_token):
 
 
 @cached_jit()
-def _transform_kernel(logits, counts, params, z, part_val, part_idx, done, st, stf,
+def _transform_kernel(logits, counts, params, mask, z, part_val, part_idx, done, st, stf,
                       hist1_cnt, hist1_mass, histl_cnt, histl_mass, out_token):
-    """z = penalised logits / temperature; argmax of z (greedy ends here); draw u; reset the select state."""
+    """z = penalised logits / temperature, -inf where params[P_MASKED] and the token's bit in mask [ceil(V/32)]
+    int32 is clear; argmax of z (greedy ends here); draw u; reset the select state."""
     s_v = cuda.shared.array(TPB, np.float32)
     s_i = cuda.shared.array(TPB, np.int64)
     s_flag = cuda.shared.array(1, np.int32)
@@ -189,6 +192,7 @@ def _transform_kernel(logits, counts, params, z, part_val, part_idx, done, st, s
     rep32 = np.float32(params[P_REP])
     pres = params[P_PRES]
     freq = params[P_FREQ]
+    masked = params[P_MASKED] != 0.0
     best_v = np.float32(0.0)
     best_i = np.int64(-1)
     i = np.int64(cuda.blockIdx.x) * TPB + tid
@@ -206,6 +210,8 @@ def _transform_kernel(logits, counts, params, z, part_val, part_idx, done, st, s
             l = l / t32
         if l == 0:
             l = np.float32(0.0)          # -0.0 -> +0.0: equal values must get equal rank keys
+        if masked and (mask[i >> 5] >> (i & 31)) & 1 == 0:
+            l = np.float32(-np.inf)
         z[i] = l
         if best_i < 0 or l > best_v:
             best_v = l
@@ -255,10 +261,12 @@ def sample(logits, counts, params, out_token, ws: SampleWorkspace, stream=0) -> 
     logits: [V] float32 (not modified); counts: [V] int32 occurrences in the penalty window;
     params: [N_PARAMS] float64 from pack_sample_params (its step is advanced by one on the device);
     out_token: [1] int32; ws: SampleWorkspace(V). Temperature 0 gives the argmax of the penalised logits.
+    With params' masked flag (pack_sample_params(masked=True)) only tokens whose bit is set in ws.mask
+    ([ceil(V/32)] int32, bit i % 32 of word i // 32; a grammar's allowed set) can be drawn.
     """
     g = ws.grid
-    _transform_kernel[g, TPB, stream](logits, counts, params, ws.z, ws.part_val, ws.part_idx, ws.done, ws.st,
-                                      ws.stf, ws.hist1_cnt, ws.hist1_mass, ws.histl_cnt, ws.histl_mass,
+    _transform_kernel[g, TPB, stream](logits, counts, params, ws.mask, ws.z, ws.part_val, ws.part_idx, ws.done,
+                                      ws.st, ws.stf, ws.hist1_cnt, ws.hist1_mass, ws.histl_cnt, ws.histl_mass,
                                       out_token)
     args = (ws.z, ws.zbits, params, ws.st, ws.stf, ws.hist1_cnt, ws.hist1_mass, ws.histl_cnt, ws.histl_mass,
             ws.done, out_token)

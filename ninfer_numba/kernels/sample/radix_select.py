@@ -33,9 +33,10 @@ IDX_BITS, IDX_MASK = 18, 262143         # token index field of R: V <= 2^18
 MASS_SCALE = 4398046511104.0            # 2^42: fixed-point unit of exp(z - z_max) in [0, 1]
 N_REFINE = 8
 
-# params [N_PARAMS] float64 (float values rounded to float32, integers exact)
-P_TEMP, P_TOP_K, P_TOP_P, P_MIN_P, P_REP, P_PRES, P_FREQ, P_SEED_LO, P_SEED_HI, P_STEP = range(10)
-N_PARAMS = 10
+# params [N_PARAMS] float64 (float values rounded to float32, integers exact); P_MASKED != 0: tokens whose bit
+# in the workspace's mask is clear are excluded (a grammar's allowed set, engine/constraint.py)
+P_TEMP, P_TOP_K, P_TOP_P, P_MIN_P, P_REP, P_PRES, P_FREQ, P_SEED_LO, P_SEED_HI, P_STEP, P_MASKED = range(11)
+N_PARAMS = 11
 # state st [N_ST] int64; stf [N_STF] float64
 (S_PHASE, S_LEVEL, S_PREFIX, S_CNT_ABOVE, S_MASS_ABOVE, S_TARGET, S_K_POS, S_F_K, S_M_P, S_F_MP,
  S_M_MIN, S_F_MMIN, S_F_ALL) = range(13)
