@@ -23,11 +23,22 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq", type=int, default=4096, help="context capacity in tokens")
     p.add_argument("--prefill-chunk", type=int, default=2048,
                    help="tokens per prefill forward on the GPU (activation buffers are sized by it)")
+    p.add_argument("--gemm", default="auto", choices=["auto", "w8a16", "mma", "dp4a"],
+                   help="prefill GEMM on the GPU: auto is w8a16 on sm_90, else int8 mma (sm_80+) or dp4a")
+    p.add_argument("--kv-type", default="f16", choices=["f16"], help="KV cache format")
+    p.add_argument("--no-prefill-graphs", action="store_true",
+                   help="run every prefill chunk eagerly instead of replaying captured CUDA graphs")
+
+
+def _engine_kwargs(a: argparse.Namespace) -> dict:
+    """EngineConfig fields from the flags of _add_engine_args (max_seq aside: callers may raise it)."""
+    return dict(prefill_chunk=a.prefill_chunk, gemm=a.gemm, kv_type=a.kv_type,
+                prefill_graphs=not a.no_prefill_graphs)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM, SamplingParams
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, prefill_chunk=a.prefill_chunk)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, **_engine_kwargs(a))
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed)
     prompt = a.prompt
@@ -86,7 +97,7 @@ def _port(text: str) -> int:
 def _cmd_logits(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     ids = _parse_tokens(a.tokens)
-    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)), prefill_chunk=a.prefill_chunk)
+    llm = LLM(a.model, backend=a.backend, max_seq=max(a.max_seq, len(ids)), **_engine_kwargs(a))
     out = llm.logits(ids).astype(np.float32)
     target = _output_file(a.out)
     with open(target, "wb") as f:              # exactly this name (np.save would append .npy)
@@ -133,7 +144,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
-    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, prefill_chunk=a.prefill_chunk)
+    llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, **_engine_kwargs(a))
     serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None)
     return 0
 

@@ -240,3 +240,5 @@ class EngineConfig:
             raise ValueError("prefill_chunk must be >= 1")
         if self.gemm not in ("auto", "w8a16", "mma", "dp4a"):
             raise ValueError(f"gemm must be auto, w8a16, mma or dp4a, not {self.gemm!r}")
+        if self.kv_type != "f16":
+            raise ValueError(f"kv_type must be f16 (the only KV cache format built so far), not {self.kv_type!r}")

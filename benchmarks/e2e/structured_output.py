@@ -68,24 +68,24 @@ def _valid(kind: str, choice: dict) -> bool:
 
 
 def _timed_masks(llm, n_tokens: int) -> float:
-    """Mean seconds of one grammar mask over n_tokens steps of a json_schema answer (greedy)."""
+    """Mean seconds of the grammar's per-token host work over n_tokens steps of a json_schema answer (greedy):
+    the mask the engine asks for (packed for the device sampler on cuda, a bool array on the CPU)."""
     from ninfer_numba.config import SamplingParams
     from ninfer_numba.engine.constraint import json_constraint
     params = SamplingParams(max_tokens=n_tokens, temperature=0.0)
     c = json_constraint(llm.tokenizer, ANSWER, params.stop_ids(llm.tokenizer.eos_ids))
-    spent, calls = 0.0, [0]
-    allowed = c.allowed
+    name = "bitmask" if llm.backend == "cuda" else "allowed"
+    inner, spent, calls = getattr(c, name), [0.0], [0]
 
-    def timed():
-        nonlocal spent
+    def timed(*args):
         t0 = time.perf_counter()
-        out = allowed()
-        spent += time.perf_counter() - t0
+        out = inner(*args)
+        spent[0] += time.perf_counter() - t0
         calls[0] += 1
         return out
-    c.allowed = timed
+    setattr(c, name, timed)
     llm.generate(llm.tokenizer.encode("Answer:"), params, constraint=c)
-    return spent / max(calls[0], 1)
+    return spent[0] / max(calls[0], 1)
 
 
 def main(argv=None) -> int:

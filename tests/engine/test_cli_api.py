@@ -122,3 +122,23 @@ def test_logits_out_is_the_exact_name_and_its_folder_is_made(tiny_model, tmp_pat
 def test_serve_port_is_checked():
     r = _cli("serve", "--model", "x.gguf", "--port", "99999")
     assert r.returncode == 2 and "port must be an integer in 1..65535" in r.stderr
+
+
+def test_engine_flags_reach_the_engine_config(tiny_model, tmp_path, monkeypatch):
+    """--gemm, --kv-type and --no-prefill-graphs set EngineConfig (CPU backend: recorded, not used)."""
+    import ninfer_numba
+    seen = {}
+    real = ninfer_numba.LLM
+
+    def spy(*args, **kw):
+        llm = real(*args, **kw)
+        seen["config"] = llm.engine_config
+        return llm
+    monkeypatch.setattr(ninfer_numba, "LLM", spy)
+    out = tmp_path / "x.npy"
+    assert main(["logits", "--model", tiny_model, "--backend", "cpu", "--tokens", "1,2", "--out", str(out),
+                 "--gemm", "dp4a", "--kv-type", "f16", "--no-prefill-graphs", "--prefill-chunk", "64"]) == 0
+    c = seen["config"]
+    assert (c.gemm, c.kv_type, c.prefill_graphs, c.prefill_chunk) == ("dp4a", "f16", False, 64)
+    r = _cli("logits", "--model", tiny_model, "--tokens", "1", "--out", str(out), "--kv-type", "q4")
+    assert r.returncode == 2 and "invalid choice: 'q4'" in r.stderr
