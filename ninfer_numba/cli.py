@@ -94,6 +94,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, not {text!r}")
+    return n
+
+
 def _cmd_logits(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     ids = _parse_tokens(a.tokens)
@@ -145,7 +155,8 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
     llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, **_engine_kwargs(a))
-    serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None)
+    serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None,
+          max_queue=a.max_queue, default_max_tokens=a.default_max_tokens or None)
     return 0
 
 
@@ -195,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_port, default=8000)
     s.add_argument("--api-key", default=None,
                    help="require this bearer token (or set NINFER_API_KEY, which keeps it out of `ps`)")
+    s.add_argument("--max-queue", type=_non_negative, default=64,
+                   help="requests that may wait behind the running one; more are answered 429 with Retry-After")
+    s.add_argument("--default-max-tokens", type=_non_negative, default=16384,
+                   help="completion limit of a request that sets none (0: the rest of the context)")
     s.set_defaults(fn=_cmd_serve)
 
     b = sub.add_parser("bench", help="benchmark against llama.cpp on the same GGUF")

@@ -2,7 +2,8 @@
 
 Every error leaves in OpenAI's shape {"error": {"message", "type", "param", "code"}}: malformed requests as 400,
 a bad key as 401, unknown models and paths as 404, a body over the size limit as 413 (refused from its
-Content-Length before it is read, or as soon as a chunked body passes the limit). Server-side failures are
+Content-Length before it is read, or as soon as a chunked body passes the limit), a full queue as 429 with
+Retry-After (the OpenAI SDK waits that long and retries). Server-side failures are
 500 with `x-should-retry: false`, because the OpenAI SDK would otherwise resend the same request twice.
 """
 from __future__ import annotations
@@ -31,6 +32,9 @@ from ninfer_numba.server.worker import GenerationWorker
 log = logging.getLogger("ninfer_numba.server")
 OPEN_PATHS = frozenset({"/health", "/v1/health"})   # answered without an API key, for load balancers
 MIN_BODY_LIMIT = 2 << 20                               # bytes; raised to 32 bytes per token of context
+MAX_QUEUE = 64                                         # requests waiting behind the running one, then 429
+DEFAULT_MAX_TOKENS = 16384                             # completion tokens when a request sets no limit
+RETRY_AFTER_S = 2                                      # the 429's Retry-After
 
 
 def body_limit(max_seq: int) -> int:
@@ -40,11 +44,17 @@ def body_limit(max_seq: int) -> int:
 
 
 class ServerState:
-    """What the handlers share: the engine, its worker and the served model id."""
+    """What the handlers share: the engine, its worker, the served model id and the admission limits."""
 
-    def __init__(self, llm, model_id: str):
+    def __init__(self, llm, model_id: str, *, max_queue: int = MAX_QUEUE,
+                 default_max_tokens: int | None = DEFAULT_MAX_TOKENS):
+        if max_queue < 0 or (default_max_tokens is not None and default_max_tokens < 1):
+            raise ValueError(f"max_queue must be >= 0 and default_max_tokens >= 1 (got {max_queue}, "
+                             f"{default_max_tokens})")
         self.llm = llm
         self.model_id = model_id
+        self.max_queue = max_queue
+        self.default_max_tokens = default_max_tokens
         stem = str(llm.model_id)
         names = {model_id, stem, stem + ".gguf"}
         path = getattr(llm, "path", None)
@@ -66,6 +76,15 @@ class ServerState:
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
         except RecursionError:
             raise APIError(400, "the request body is nested too deeply") from None
+
+    def submit(self, job) -> None:
+        """Queue a job, or 429 when max_queue requests already wait (checked and queued with no await between,
+        so concurrent handlers on the event loop cannot overshoot)."""
+        waiting = self.worker.queued
+        if waiting >= self.max_queue:
+            raise APIError(429, f"the server is busy: {waiting} requests are waiting; retry in {RETRY_AFTER_S} s",
+                           type="server_busy", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.worker.submit(job)
 
     def check_model(self, model: str | None) -> None:
         if model and model not in self.accepted_ids:
@@ -139,13 +158,17 @@ class BodyLimitMiddleware:
 
 
 def _error_response(err: APIError) -> JSONResponse:
-    headers = {"x-should-retry": "false"} if err.status >= 500 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    headers = {"x-should-retry": "false"} if err.status >= 500 else {}
+    return JSONResponse(err.body(), status_code=err.status, headers={**headers, **(err.headers or {})})
 
 
-def create_app(llm, *, api_key: str | None = None, model_id: str | None = None) -> FastAPI:
-    """The OpenAI-compatible app for one loaded model; `model_id` defaults to llm.model_id (the GGUF stem)."""
-    server = ServerState(llm, model_id or str(llm.model_id))
+def create_app(llm, *, api_key: str | None = None, model_id: str | None = None, max_queue: int = MAX_QUEUE,
+               default_max_tokens: int | None = DEFAULT_MAX_TOKENS) -> FastAPI:
+    """The OpenAI-compatible app for one loaded model; `model_id` defaults to llm.model_id (the GGUF stem).
+    max_queue: requests allowed to wait (more get 429); default_max_tokens: the completion limit of a request
+    that sets none (None: the rest of the context)."""
+    server = ServerState(llm, model_id or str(llm.model_id), max_queue=max_queue,
+                         default_max_tokens=default_max_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -230,7 +253,8 @@ def create_app(llm, *, api_key: str | None = None, model_id: str | None = None) 
 
 
 def serve(llm, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
-          model_id: str | None = None, log_level: str = "info") -> None:
-    """Serves `llm` until interrupted."""
+          model_id: str | None = None, log_level: str = "info", **limits) -> None:
+    """Serves `llm` until interrupted; limits: create_app's max_queue and default_max_tokens."""
     import uvicorn
-    uvicorn.run(create_app(llm, api_key=api_key, model_id=model_id), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(llm, api_key=api_key, model_id=model_id, **limits), host=host, port=port,
+                log_level=log_level)

@@ -24,11 +24,11 @@ DISCONNECT_POLL_S = 0.25   # how often a waiting non-streaming handler checks th
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _max_tokens(req, n_prompt: int, max_seq: int) -> int:
+def _max_tokens(req, n_prompt: int, server) -> int:
     requested, param = req.max_tokens, "max_tokens"
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         requested, param = req.max_completion_tokens, "max_completion_tokens"
-    return resolve_max_tokens(requested, n_prompt, max_seq, param)
+    return resolve_max_tokens(requested, n_prompt, server.llm.max_seq, param, server.default_max_tokens)
 
 
 def _completion_prompt_ids(req: CompletionRequest, tokenizer, n_vocab: int) -> list[int]:
@@ -52,12 +52,12 @@ async def chat_completions(request: Request, server) -> Any:
     tokenizer = server.require_tokenizer()
     prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
     ids = await asyncio.to_thread(prompt.encode, tokenizer)     # long prompts: off the event loop
-    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq), server.llm.config.n_vocab)
+    params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
     constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
                                          params.stop_ids(tokenizer.eos_ids))
     job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint)
     header = server.header("chat", req)
-    server.worker.submit(job)
+    server.submit(job)
     if req.stream:
         return StreamingResponse(_stream_chat(job, header), media_type="text/event-stream", headers=_SSE_HEADERS)
     acc = ChatAccumulator()
@@ -74,11 +74,11 @@ async def completions(request: Request, server) -> Any:
     reject_unsupported(req)
     tokenizer = server.require_tokenizer()
     ids = _completion_prompt_ids(req, tokenizer, server.llm.config.n_vocab)
-    params = sampling_params(req, _max_tokens(req, len(ids), server.llm.max_seq), server.llm.config.n_vocab)
+    params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
     job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop())
     header = server.header("text", req)
     echo = tokenizer.decode(ids) if req.echo else ""
-    server.worker.submit(job)
+    server.submit(job)
     if req.stream:
         return StreamingResponse(_stream_text(job, header, echo), media_type="text/event-stream",
                                  headers=_SSE_HEADERS)

@@ -19,8 +19,9 @@ class APIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
+        self.headers = headers          # extra response headers (Retry-After on a 429)
         self.status = status
         self.message = message
         self.type = type
@@ -171,8 +172,10 @@ def stop_strings(req: _SamplingFields) -> list[str]:
     return [s for s in stops if s]
 
 
-def resolve_max_tokens(requested: int | None, n_prompt: int, max_seq: int, param: str) -> int:
-    """Prompt + generated tokens must fit the context; without a limit the rest of the context is the limit."""
+def resolve_max_tokens(requested: int | None, n_prompt: int, max_seq: int, param: str,
+                       default_cap: int | None = None) -> int:
+    """Prompt + generated tokens must fit the context; without a limit the rest of the context is the limit,
+    capped at ``default_cap`` (the server's configured default) when one is set."""
     if n_prompt < 1:
         raise APIError(400, "the prompt is empty", param="prompt")
     if n_prompt >= max_seq:
@@ -180,7 +183,7 @@ def resolve_max_tokens(requested: int | None, n_prompt: int, max_seq: int, param
                             "(prompt and completion together)", param="messages", code="context_length_exceeded")
     room = max_seq - n_prompt
     if requested is None:
-        return room
+        return room if default_cap is None else min(room, default_cap)
     if requested < 1:
         raise APIError(400, f"{param} must be at least 1, got {requested}", param=param)
     if requested > room:

@@ -87,3 +87,33 @@ def test_engine_failure_mid_stream_is_an_error_event(live, scripted, client):
         list(client.completions.create(model=MODEL, prompt="explode", stream=True))
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "still alive?"}])
     assert r.choices[0].message.content == "You said: still alive?"
+
+
+def test_a_full_queue_answers_429_with_retry_after(serve_llm, scripted):
+    """max_queue = 1: one request runs, one waits, the next is refused at once with 429 and Retry-After
+    (the OpenAI SDK honours it); /health stays fast meanwhile; once the queue drains, requests pass again."""
+    server = serve_llm(scripted, max_queue=1)
+    scripted.replies["hold the engine"] = Reply("</think>\n\n" + "word " * 200, token_delay_s=0.01)
+    body = lambda text: {"model": MODEL, "messages": [{"role": "user", "content": text}]}  # noqa: E731
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(httpx.post, server.url + "/v1/chat/completions", json=body("hold the engine"),
+                              timeout=30)
+        assert wait_for(lambda: any("hold the engine" in prompt for prompt, _ in scripted.calls))
+        waiting = pool.submit(httpx.post, server.url + "/v1/chat/completions", json=body("next in line"),
+                              timeout=30)
+        assert wait_for(lambda: server.app.state.server.worker.queued == 1)
+        t0 = time.monotonic()
+        refused = httpx.post(server.url + "/v1/chat/completions", json=body("one too many"), timeout=30)
+        assert time.monotonic() - t0 < 1.0 and refused.status_code == 429
+        assert refused.headers["retry-after"] == "2" and refused.json()["error"]["code"] == "queue_full"
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/health").status_code == 200 and time.monotonic() - t0 < 0.05
+        assert running.result().status_code == 200 and waiting.result().status_code == 200
+    assert httpx.post(server.url + "/v1/chat/completions", json=body("after"), timeout=30).status_code == 200
+
+
+def test_default_max_tokens_caps_a_request_without_one(serve_llm, scripted):
+    server = serve_llm(scripted, default_max_tokens=5)
+    scripted.replies["long answer"] = Reply("</think>\n\n" + "word " * 50)
+    out = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long answer"}])
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
