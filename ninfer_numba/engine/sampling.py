@@ -42,7 +42,10 @@ def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     lse = m + np.log(np.exp(x - m).sum())
     top: tuple[tuple[int, float], ...] = ()
     if n_top:
-        idx = np.argpartition(-x, n_top - 1)[:n_top]
+        n = min(n_top, x.shape[0])
+        kth = np.partition(x, x.shape[0] - n)[x.shape[0] - n]   # the n-th largest logit
+        above = np.flatnonzero(x > kth)
+        idx = np.concatenate([above, np.flatnonzero(x == kth)[:n - above.shape[0]]])   # ties: the lower ids
         idx = idx[np.lexsort((idx, -x[idx]))]                # by logit, ties by the lower id
         top = tuple((int(i), float(x[i] - lse)) for i in idx)
     return TokenLogprob(int(token), float(x[token] - lse), top)

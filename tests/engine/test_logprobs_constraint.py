@@ -102,3 +102,9 @@ def test_token_logprob_zero_top_and_ties():
 def test_logprobs_out_of_range_is_refused():
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=21)
+
+
+def test_token_logprob_ties_at_the_cut_take_the_lower_ids():
+    x = np.zeros(1000, np.float32)
+    x[[700, 3]] = 1.0
+    assert [t for t, _ in token_logprob(x, 5, 4).top] == [3, 700, 0, 1]
