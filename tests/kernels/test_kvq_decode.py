@@ -1,0 +1,57 @@
+"""Decode attention over the 3/4-bit cache (kernels/kvq/decode.py) against kvq/ref.py's
+attention_rotated_ref on the same codes: the kernel sums in float32 what the reference sums in float64, so
+outputs agree to float32 rounding of O(L) terms (2e-5 of the output's scale here)."""
+import numpy as np
+import pytest
+
+from ninfer_numba.kernels.kvq import ref
+from ninfer_numba.kernels.kvq.append import KvqTables
+from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
+
+needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
+                                      reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU")
+K_SEED, V_SEED = 11, 12
+
+
+def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng):
+    q = rng.standard_normal((H, d)).astype(np.float32) * 2
+    k = rng.standard_normal((L, Hkv, d)).astype(np.float32) * rng.uniform(0.5, 3, (L, Hkv, 1))
+    v = rng.standard_normal((L, Hkv, d)).astype(np.float32)
+    kc, kn = ref.quantize(k, k_bits, K_SEED)
+    vc, vn = ref.quantize(v, v_bits, V_SEED)
+
+    def cache(codes, norms, bits):
+        c = np.zeros((Hkv, max_seq, d * bits // 8), np.uint8)
+        n = np.zeros((Hkv, max_seq), np.uint16)
+        c[:, :L] = ref.pack(codes, bits).transpose(1, 0, 2)
+        n[:, :L] = norms.view(np.uint16).T
+        return cuda.to_device(c), cuda.to_device(n)
+    k_codes, k_norms = cache(kc, kn, k_bits)
+    v_codes, v_norms = cache(vc, vn, v_bits)
+    out = cuda.to_device(np.zeros((H, d), np.float32))
+    kvq_attention_decode(cuda.to_device(q), k_codes, k_norms, v_codes, v_norms,
+                         cuda.to_device(np.array([L], np.int32)), KvqTables(d, k_bits, K_SEED),
+                         KvqTables(d, v_bits, V_SEED), out, KvqDecodeWorkspace(H, d, n_splits))
+    want = ref.attention_rotated_ref(q[None], kc, kn, vc, vn, np.array([L - 1]), k_bits, v_bits, K_SEED,
+                                     V_SEED)[0]
+    got = out.copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
+def test_decode_tiny(k_bits, v_bits):
+    """GQA 2 query heads per KV head, 13 cached tokens in 3 splits (one warp of a split without keys)."""
+    check_decode(H=4, Hkv=2, d=32, L=13, max_seq=20, k_bits=k_bits, v_bits=v_bits, n_splits=3,
+                 rng=np.random.default_rng(k_bits * 10 + v_bits))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
+def test_decode_model_shape(k_bits, v_bits):
+    """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits."""
+    check_decode(H=16, Hkv=4, d=256, L=3001, max_seq=4096, k_bits=k_bits, v_bits=v_bits, n_splits=33,
+                 rng=np.random.default_rng(k_bits * 10 + v_bits))
