@@ -174,6 +174,7 @@ def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
                            "this engine runs RoPE unscaled, within the model's original context length")
 
 
+KV_CACHE_TYPES = ("f16", "k3v3", "k4v3", "k4v4")     # the coded ones: kernels/kvq/ref.py's KV_TYPES
 MAX_TOP_LOGPROBS = 20                # alternatives per token (OpenAI's top_logprobs limit)
 
 
@@ -225,7 +226,7 @@ class EngineConfig:
     backend: str = "auto"          # auto | cpu | cuda
     max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
     prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
-    kv_type: str = "f16"           # f16 (other KV formats arrive with their kernels)
+    kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 (kernels/kvq; the cpu backend so far)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
     prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)
@@ -240,5 +241,5 @@ class EngineConfig:
             raise ValueError("prefill_chunk must be >= 1")
         if self.gemm not in ("auto", "w8a16", "mma", "dp4a"):
             raise ValueError(f"gemm must be auto, w8a16, mma or dp4a, not {self.gemm!r}")
-        if self.kv_type != "f16":
-            raise ValueError(f"kv_type must be f16 (the only KV cache format built so far), not {self.kv_type!r}")
+        if self.kv_type not in KV_CACHE_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_CACHE_TYPES)}, not {self.kv_type!r}")

@@ -12,8 +12,9 @@ from ninfer_numba.model.weights import ModelWeights
 class CpuRunner:
     compile_seconds = 0.0
 
-    def __init__(self, weights: ModelWeights, max_seq: int, *, emulate_int8: bool = False) -> None:
-        self.model = ReferenceModel(weights, emulate_int8=emulate_int8)
+    def __init__(self, weights: ModelWeights, max_seq: int, *, emulate_int8: bool = False,
+                 kv_type: str = "f16") -> None:
+        self.model = ReferenceModel(weights, emulate_int8=emulate_int8, kv_type=kv_type)
         self.max_seq = max_seq
         self.state = self.model.new_state(max_seq)
 

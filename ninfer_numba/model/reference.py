@@ -23,6 +23,7 @@ import numpy as np
 from ninfer_numba.config import ModelConfig
 from ninfer_numba.kernels.flash_attn.ref import attn_mixer_ref, rmsnorm_ref
 from ninfer_numba.kernels.gdn.ref import gdn_mixer_ref
+from ninfer_numba.kernels.kvq.ref import KV_TYPES, kv_round_trip
 from ninfer_numba.model.weights import ModelWeights
 
 
@@ -42,7 +43,11 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 
 class ReferenceModel:
-    def __init__(self, weights: ModelWeights, *, emulate_int8: bool = False, gdn_chunked: bool = True) -> None:
+    def __init__(self, weights: ModelWeights, *, emulate_int8: bool = False, gdn_chunked: bool = True,
+                 kv_type: str = "f16") -> None:
+        if kv_type != "f16" and kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be f16 or one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+        self.kv_type = kv_type         # f16: keys and values kept as computed; k3v3 ...: coded (kernels/kvq)
         self.w = weights
         self.config: ModelConfig = weights.config
         self.emulate_int8 = emulate_int8
@@ -102,7 +107,8 @@ class ReferenceModel:
         proj = self._linear(h, b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight", f16_rows=f16)
         o = attn_mixer_ref(proj, self.w.dense(b + "attn_q_norm.weight"), self.w.dense(b + "attn_k_norm.weight"),
                            st.k_cache[i], st.v_cache[i], st.pos, c.n_head, c.n_head_kv, c.head_dim, c.n_rot,
-                           c.rope_base, c.rms_eps, store_dtype=np.float16 if self.emulate_int8 else np.float32)
+                           c.rope_base, c.rms_eps, store_dtype=np.float16 if self.emulate_int8 else np.float32,
+                           store=kv_round_trip(self.kv_type, i) if self.kv_type in KV_TYPES else None)
         return self._linear(o.astype(np.float32), b + "attn_output.weight", f16_rows=f16)
 
     def _gdn(self, i: int, h: np.ndarray, st: ReferenceState, f16) -> np.ndarray:

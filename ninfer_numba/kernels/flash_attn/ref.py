@@ -117,13 +117,14 @@ def qk_norm_rope_ref(proj, q_norm_w, k_norm_w, pos0: int, H: int, Hkv: int, d: i
 
 
 def attn_mixer_ref(proj, q_norm_w, k_norm_w, k_cache, v_cache, pos0: int, H: int, Hkv: int, d: int,
-                   n_rot: int, base: float, eps: float, store_dtype=np.float32) -> np.ndarray:
+                   n_rot: int, base: float, eps: float, store_dtype=np.float32, store=None) -> np.ndarray:
     """Gated attention mixer for T new tokens at positions pos0..pos0+T-1.
 
     proj [T, 2dH + 2d·Hkv] float32 (column layout in the module docstring), q_norm_w [d], k_norm_w [d],
     k_cache / v_cache [max_seq, Hkv, d] float32, written in place at rows pos0..pos0+T-1.
     store_dtype: q, k and v are rounded through it (np.float16: as the kernels store the rotated queries
-    and the f16 KV cache); the arithmetic stays float32.
+    and the f16 KV cache); the arithmetic stays float32. store: (k, v) -> (k', v'), what a coded cache keeps
+    (kvq/ref.py's kv_round_trip), applied after the rounding.
     Returns o_gated [T, H·d] float32: attention over cache rows [0, pos0+T) causally, times σ(gate).
     """
     proj = np.asarray(proj, np.float32)
@@ -133,6 +134,8 @@ def attn_mixer_ref(proj, q_norm_w, k_norm_w, k_cache, v_cache, pos0: int, H: int
     q, gate, k, v = qk_norm_rope_ref(proj, q_norm_w, k_norm_w, pos0, H, Hkv, d, n_rot, base, eps)
     if store_dtype != np.float32:
         q, k, v = (a.astype(store_dtype).astype(np.float32) for a in (q, k, v))
+    if store is not None:
+        k, v = store(k, v)
     k_cache[pos0:pos0 + T] = k
     v_cache[pos0:pos0 + T] = v
     L = pos0 + T

@@ -24,6 +24,34 @@ from functools import lru_cache
 import numpy as np
 
 BITS = (3, 4)
+KV_TYPES = {"k3v3": (3, 3), "k4v3": (4, 3), "k4v4": (4, 4)}     # --kv-type -> (key bits, value bits)
+
+
+def vector_bytes(kv_type: str, d: int) -> tuple[int, int]:
+    """Bytes one cached key and one cached value of size d take: codes plus the float16 norm, or float16."""
+    if kv_type == "f16":
+        return 2 * d, 2 * d
+    k_bits, v_bits = KV_TYPES[kv_type]
+    return d * k_bits // 8 + 2, d * v_bits // 8 + 2
+
+
+def role_seeds(layer: int) -> tuple[int, int]:
+    """The rotation seeds of one attention layer's keys and values (fixed: a cache written by one run is read
+    with the same signs by any other)."""
+    return 1000 + 2 * layer, 1001 + 2 * layer
+
+
+def kv_round_trip(kv_type: str, layer: int):
+    """(k, v) -> (k', v'): what a ``kv_type`` cache returns for the keys and values [..., d] it stores, in
+    the original domain, float32 (attention over them equals attention_rotated_ref up to float rounding,
+    since the rotation is orthonormal). The reference model applies it where the kernels quantize."""
+    k_bits, v_bits = KV_TYPES[kv_type]
+    k_seed, v_seed = role_seeds(layer)
+
+    def store(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (dequantize(*quantize(k, k_bits, k_seed), k_bits, k_seed).astype(np.float32),
+                dequantize(*quantize(v, v_bits, v_seed), v_bits, v_seed).astype(np.float32))
+    return store
 
 
 def _phi(x: np.ndarray) -> np.ndarray:
