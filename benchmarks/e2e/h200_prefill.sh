@@ -27,6 +27,9 @@
 #               tests at 32K; then `make bench` on the 9b file (both engines, BENCH_TESTS); $OUT/logs, $OUT/bench9.tgz
 #   STAGE=gpu_suite: every GPU test in one call: the slow GDN tests at 32K first (2 processes, their float64
 #               reference alone on the CPU), then the rest in 8 processes; logs under $OUT/logs
+#   STAGE=gdn_stalls: where the GDN tensor-core kernels stall, instruction by instruction: one ncu report per
+#               kernel (9B, 8K; full set with source counters), its SASS page as CSV (stall samples per
+#               instruction) and the 40 most-sampled instructions printed; reports under $OUT/logs
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -246,6 +249,17 @@ gpu_suite)
     > "$OUT/logs/test_gpu_rest.log" 2>&1
   say "every other GPU test (exit $?): $(tail -1 "$OUT/logs/test_gpu_rest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu_rest.log" | cut -c1-300 | head -20
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs
+  ;;
+gdn_stalls)
+  for k in ${GDN_KERNELS:-chunk_state_mma chunk_intra_mma}; do
+    timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes \
+      -o "$OUT/logs/$k" python3 -m benchmarks.kernels.bench_gdn --model 9b --only stages > "$OUT/logs/ncu_$k.log" 2>&1
+    say "ncu report $k (exit $?)"
+    ncu --import "$OUT/logs/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/logs/${k}_sass.csv" 2>&1
+    say "SASS page $k (exit $?, $(wc -l < "$OUT/logs/${k}_sass.csv") lines); most-sampled instructions:"
+    python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/${k}_sass.csv" --top 40 | cut -c1-200
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 ncu)
