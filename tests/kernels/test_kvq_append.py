@@ -19,6 +19,17 @@ needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
 SEED = 7
 
 
+def assert_codes_match(got, x, bits):
+    """got [T, Hkv, d] codes equal ref.quantize(x)'s except within 1e-5 of a threshold (module docstring)."""
+    want_codes, want_norms = ref.quantize(x, bits, SEED)
+    _, thresholds, _ = ref.lloyd_max_gaussian(bits)
+    scale = math.sqrt(x.shape[-1]) / np.maximum(want_norms.astype(np.float64), np.finfo(np.float16).tiny)
+    y = ref.rotate(x, SEED) * scale[..., None]
+    near = np.abs(y[..., None] - thresholds).min(-1) < 1e-5
+    assert ((got == want_codes) | near).all(), np.argwhere((got != want_codes) & ~near)[:5]
+    assert near.mean() < 1e-3                                            # the allowance stays rare
+
+
 def check_append(T: int, Hkv: int, d: int, bits: int, pos0: int, max_seq: int, rng) -> None:
     x = (rng.standard_normal((T, Hkv, d)) * rng.uniform(0.1, 30.0, (T, Hkv, 1))).astype(np.float32)
     nb = d * bits // 8
@@ -29,13 +40,7 @@ def check_append(T: int, Hkv: int, d: int, bits: int, pos0: int, max_seq: int, r
     want_codes, want_norms = ref.quantize(x, bits, SEED)                 # [T, Hkv, d], [T, Hkv]
     rows = slice(pos0, pos0 + T)
     np.testing.assert_array_equal(got_norms[:, rows].T, want_norms.view(np.uint16))
-    got = ref.unpack(got_codes[:, rows].transpose(1, 0, 2), bits, d)     # [T, Hkv, d]
-    _, thresholds, _ = ref.lloyd_max_gaussian(bits)
-    scale = math.sqrt(d) / np.maximum(want_norms.astype(np.float64), np.finfo(np.float16).tiny)
-    y = ref.rotate(x, SEED) * scale[..., None]
-    near = np.abs(y[..., None] - thresholds).min(-1) < 1e-5
-    assert ((got == want_codes) | near).all(), np.argwhere((got != want_codes) & ~near)[:5]
-    assert near.mean() < 1e-3                                            # the allowance stays rare
+    assert_codes_match(ref.unpack(got_codes[:, rows].transpose(1, 0, 2), bits, d), x, bits)
     outside = np.ones(max_seq, bool)
     outside[rows] = False
     assert (got_codes[:, outside] == 0xAB).all() and (got_norms[:, outside] == 0xCDEF).all()
@@ -61,3 +66,22 @@ def test_unsupported_shapes_are_refused(d, bits):
     tables = SimpleNamespace(d=d, bits=bits)                 # refused before anything reaches a device
     with pytest.raises(ValueError, match="unsupported kvq append"):
         kvq_append(np.zeros((1, 1, d), np.float32), tables, None, None, None)
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_append_from_the_f16_cache_rows():
+    """The model's path: the new rows sit in the f16 cache at pos..pos+T-1 and are coded from there."""
+    from ninfer_numba.kernels.kvq.append import kvq_append_from_cache
+    T, Hkv, d, bits, pos0, max_seq = 2, 2, 32, 4, 3, 8
+    x16 = np.random.default_rng(9).standard_normal((T, Hkv, d)).astype(np.float16)
+    cache = np.zeros((Hkv, max_seq, d), np.float16)
+    cache[:, pos0:pos0 + T] = x16.transpose(1, 0, 2)
+    codes = cuda.to_device(np.zeros((Hkv, max_seq, d * bits // 8), np.uint8))
+    norms = cuda.to_device(np.zeros((Hkv, max_seq), np.uint16))
+    kvq_append_from_cache(cuda.to_device(cache), T, KvqTables(d, bits, SEED), codes, norms,
+                          cuda.to_device(np.array([pos0], np.int32)))
+    _, want_norms = ref.quantize(x16.astype(np.float32), bits, SEED)
+    got = ref.unpack(codes.copy_to_host()[:, pos0:pos0 + T].transpose(1, 0, 2), bits, d)
+    np.testing.assert_array_equal(norms.copy_to_host()[:, pos0:pos0 + T].T, want_norms.view(np.uint16))
+    assert_codes_match(got, x16.astype(np.float32), bits)

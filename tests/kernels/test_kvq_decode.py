@@ -55,3 +55,36 @@ def test_decode_model_shape(k_bits, v_bits):
     """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits."""
     check_decode(H=16, Hkv=4, d=256, L=3001, max_seq=4096, k_bits=k_bits, v_bits=v_bits, n_splits=33,
                  rng=np.random.default_rng(k_bits * 10 + v_bits))
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_decode_gated_and_the_dequantized_rows():
+    """With the layer's projection row the output is gated (o ⊙ σ(gate), flattened); kvq_dequantize writes
+    the reference's dequantized rows, rounded to float16, for rows below kv_len only."""
+    from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
+    H, Hkv, d, L, max_seq, bits = 4, 2, 32, 9, 12, 3
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((H, d)).astype(np.float32)
+    kv = rng.standard_normal((L, Hkv, d)).astype(np.float32)
+    kc, kn = ref.quantize(kv, bits, K_SEED)
+    codes = np.zeros((Hkv, max_seq, d * bits // 8), np.uint8)
+    norms = np.zeros((Hkv, max_seq), np.uint16)
+    codes[:, :L], norms[:, :L] = ref.pack(kc, bits).transpose(1, 0, 2), kn.view(np.uint16).T
+    d_codes, d_norms, kv_len = cuda.to_device(codes), cuda.to_device(norms), cuda.to_device(np.array([L], np.int32))
+    tables = KvqTables(d, bits, K_SEED)
+    proj = rng.standard_normal((1, 2 * d * H + 2 * d * Hkv)).astype(np.float32)
+    out = cuda.to_device(np.zeros(H * d, np.float32))
+    kvq_attention_decode(cuda.to_device(q), d_codes, d_norms, d_codes, d_norms, kv_len, tables, tables, out,
+                         KvqDecodeWorkspace(H, d, 2), proj=cuda.to_device(proj))
+    o = ref.attention_rotated_ref(q[None], kc, kn, kc, kn, np.array([L - 1]), bits, bits, K_SEED, K_SEED)[0]
+    gate = proj[0, :2 * d * H].reshape(H, 2, d)[:, 1]
+    want = (o / (1 + np.exp(-gate.astype(np.float64)))).reshape(-1)
+    np.testing.assert_allclose(out.copy_to_host(), want, rtol=0, atol=2e-5 * np.abs(want).max())
+    scratch = cuda.to_device(np.full((Hkv, max_seq, d), 0x7777, np.uint16))
+    kvq_dequantize(d_codes, d_norms, tables, kv_len, scratch)
+    got = scratch.copy_to_host()
+    want_rows = ref.dequantize(kc, kn, bits, K_SEED).astype(np.float32).transpose(1, 0, 2)
+    np.testing.assert_allclose(got[:, :L].view(np.float16).astype(np.float32), want_rows,
+                               rtol=2 ** -10, atol=1e-6)
+    assert (got[:, L:] == 0x7777).all()

@@ -34,7 +34,9 @@ F16_TINY = float(np.finfo(np.float16).tiny)          # the reference's floor on 
 
 
 @lru_cache(maxsize=None)
-def _append_kernel(d: int, bits: int):
+def _append_kernel(d: int, bits: int, from_cache: bool = False):
+    """from_cache: x is an f16 cache [Hkv, max_seq, d] whose rows pos[0] + t hold the new vectors (the
+    model's QK-norm + RoPE kernel stores them there), read as float32."""
     if d & (d - 1) or not 2 <= d <= 1024 or bits not in BITS or (d * bits) % 24 and bits == 3:
         raise ValueError(f"unsupported kvq append: d={d} (a power of two <= 1024), bits={bits}")
     NB = d * bits // 8                 # bytes of codes per vector
@@ -51,7 +53,8 @@ def _append_kernel(d: int, bits: int):
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y
         i = cuda.threadIdx.x
-        xv = x[t, h, i]
+        row = pos[0] + t
+        xv = float32(x[h, row, i]) if from_cache else x[t, h, i]
         s_y[i] = xv * signs[i]
         s_ss[i] = float64(xv) * float64(xv)
         cuda.syncthreads()
@@ -76,7 +79,6 @@ def _append_kernel(d: int, bits: int):
             if thresholds[k] < y:
                 c += 1
         s_c[i] = uint8(c)
-        row = pos[0] + t
         if i == 0:
             norms[h, row] = uint16(n16_bits)
         cuda.syncthreads()
@@ -103,6 +105,15 @@ class KvqTables:
         self.signs = cuda.to_device(hadamard_signs(d, seed).astype(np.float32), stream=stream)     # [d]
         self.thresholds = cuda.to_device(thresholds.astype(np.float32), stream=stream)             # [2^b - 1]
         self.levels = cuda.to_device(levels.astype(np.float32), stream=stream)                     # [2^b]
+
+
+def kvq_append_from_cache(cache, T: int, tables: KvqTables, codes, norms, pos, stream=0) -> None:
+    """Quantize rows pos[0] .. pos[0] + T - 1 of the f16 cache [Hkv, max_seq, d] into codes and norms (the
+    same rows); see kvq_append."""
+    Hkv, _, d = cache.shape
+    kernel = _append_kernel(d, tables.bits, True)
+    if T:
+        kernel[(T, Hkv), d, stream](cache, tables.signs, tables.thresholds, codes, norms, pos)
 
 
 def kvq_append(x, tables: KvqTables, codes, norms, pos, stream=0) -> None:

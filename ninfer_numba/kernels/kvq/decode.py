@@ -67,7 +67,7 @@ def _fwht_shared(s_x, d, tid, nthreads):
 
 
 @lru_cache(maxsize=None)
-def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int):
+def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
     if d % 8 or d > 256 or d & (d - 1) or H % Hkv:
         raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 8 <= d <= 256)")
     G = H // Hkv
@@ -155,7 +155,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int):
             part_ml[split, h, 1] = ll
 
     @cached_jit()
-    def combine(part_o, part_ml, v_signs, out):
+    def combine(part_o, part_ml, v_signs, proj, out):
+        # gated: out [H·d] = o ⊙ σ(gate), the gate at proj[0, 2dh + d + i] (flash_attn/ref.py's layout);
+        # else out [H, d] = o
         s_o = cuda.shared.array(d, float32)
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x
@@ -175,7 +177,11 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int):
         cuda.syncthreads()
         _fwht_shared(s_o, d, tid, TPB)
         for i in range(tid, d, TPB):
-            out[h, i] = s_o[i] * v_signs[i] * INV_SQRT_D
+            o = s_o[i] * v_signs[i] * INV_SQRT_D
+            if gated:
+                out[h * d + i] = o / (float32(1.0) + math.exp(-proj[0, 2 * d * h + d + i]))
+            else:
+                out[h, i] = o
 
     return partial, combine
 
@@ -187,15 +193,19 @@ class KvqDecodeWorkspace:
         self.n_splits = n_splits
         self.part_o = cuda.to_device(np.zeros((n_splits, H, d), np.float32), stream=stream)    # [S, H, d]
         self.part_ml = cuda.to_device(np.zeros((n_splits, H, 2), np.float32), stream=stream)   # [S, H, 2]
+        self.no_gate = cuda.to_device(np.zeros((1, 1), np.float32), stream=stream)  # proj's stand-in, ungated
 
 
 def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables: KvqTables,
-                         v_tables: KvqTables, out, ws: KvqDecodeWorkspace, stream=0) -> None:
+                         v_tables: KvqTables, out, ws: KvqDecodeWorkspace, stream=0, proj=None) -> None:
     """out [H, d] = attention of this token's q [H, d] over the first kv_len[0] cached tokens (module
-    docstring for the layouts); k_tables / v_tables: the roles' rotation signs and codebooks."""
+    docstring for the layouts); k_tables / v_tables: the roles' rotation signs and codebooks. With proj
+    ([1, P], the layer's fused projection row) the output gate is applied and out is [H·d], as
+    flash_attn.decode.attention_decode writes it."""
     H, d = q.shape
     Hkv = k_codes.shape[0]
-    partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits)
+    gated = proj is not None
+    partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
     partial[(ws.n_splits, H), TPB, stream](q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables.signs,
                                            k_tables.levels, v_tables.levels, ws.part_o, ws.part_ml)
-    combine[H, TPB, stream](ws.part_o, ws.part_ml, v_tables.signs, out)
+    combine[H, TPB, stream](ws.part_o, ws.part_ml, v_tables.signs, proj if gated else ws.no_gate, out)
