@@ -10,17 +10,17 @@ whether the greedy tokens equal the reference's argmax at each step.
 
 Rows the GPU ran through the W8A16 prefill GEMM (float16 activations, on sm_90) are emulated so by the
 int8-emulating reference. Then that reference following the GPU's rounding at near-ties
-(model/act_follow.py): the GPU run records every activation; the reference keeps its own values and its own
+(benchmarks/e2e/act_follow.py): the GPU run records every activation; the reference keeps its own values and its own
 quantization (or float16 rounding) except where the GPU's value is one level (one float16 ulp) from its own
 (a rounding decision: it takes the GPU's and reports how near the midpoint its own value was), and counts a
-difference of two or more as a disagreement. Then layer by layer (model/layer_check.py):
+difference of two or more as a disagreement. Then layer by layer (benchmarks/e2e/layer_check.py):
 every int8-emulating reference layer fed the GPU's own input, over the same prompt + greedy tokens.
 
 PASS: against the tie-following reference, relative logit error < 5e-3 at every position, >= 99% top-1,
 the 64 greedy tokens identical (graph path, eager tapped path and the reference's argmax), no disagreement;
 and the layer-local bound (every layer and the head within 5e-3). Reported beside them: the plain
 int8-emulating reference end to end (int8 rounding flips cascade through the layers, so on random synthetic
-models it lands at the int8 noise level: see model/layer_check.py), the float reference, and the
+models it lands at the int8 noise level: see benchmarks/e2e/layer_check.py), the float reference, and the
 same-precision oracle (distance to the float reference <= 2x the int8-emulating reference's own).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _compare(gpu: np.ndarray, ref: np.ndarray) -> dict:
 
 def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int]) -> dict:
     """The tapped GPU run against the tie-following int8 reference, every position."""
-    from ninfer_numba.model.act_follow import TieFollower, gpu_activations
+    from benchmarks.e2e.act_follow import TieFollower, gpu_activations
     from ninfer_numba.model.reference import ReferenceModel
     t1 = time.perf_counter()
     acts, gpu, toks = gpu_activations(llm.runner, ids, n_gen)                # gpu: [P + n_gen, V]
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     seq = ids + toks[:-1]
     report = {"model": a.model, "prompt_len": a.prompt_len, "gen": a.gen, "gemm": llm.runner.model.gemm_path}
     gpu_all = np.concatenate([prompt_logits, gpu_dec])
-    from ninfer_numba.model.layer_check import tapped_run
+    from benchmarks.e2e.layer_check import tapped_run
     _, _, f16 = tapped_run(llm.runner, ids, a.gen, all_rows=True)   # which rows ran the W8A16 GEMM
     refs = {}
     for mode, emulate in (("int8_emulating", True), ("float", False)):
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         report["int8_following"] = _following(llm, ids, a.gen, toks)
         log("int8_following: " + json.dumps({k: v for k, v in report["int8_following"].items() if k != "points"}))
     if not a.skip_layers:
-        from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
+        from benchmarks.e2e.layer_check import compare_layers, gpu_residual_streams
         t1 = time.perf_counter()
         streams, logits, local_toks, f16 = gpu_residual_streams(llm.runner, ids, a.gen)
         local = compare_layers(llm.weights, streams, logits, f16=f16)

@@ -248,6 +248,14 @@ class CudaRunner:
             self._host_mask[:] = mask                  # the previous copy is done: its token was read back
             self.sample_ws.mask.copy_to_device(self._host_mask, stream=self.stream)
 
+    def run_tapped(self, ids: list[int], *, on_chunk=None, tap=None, act_tap=None) -> list[int]:
+        """Eager forward of ids on the sequence's state with model/qwen35.py forward's taps (tap(i, x),
+        act_tap(i, point, q, d)), for the checks against the reference (benchmarks/e2e/layer_check.py);
+        on_chunk(n) after each chunk, its logits in model.logits[:n]. Returns the chunk lengths."""
+        self._check_room(len(ids))
+        taps = {k: v for k, v in (("tap", tap), ("act_tap", act_tap)) if v is not None}
+        return self._run_tokens(np.asarray(ids, np.int32), self.state, on_chunk, **taps)
+
     def all_logits(self, ids: list[int]) -> np.ndarray:
         """Logits after every position, computed chunk by chunk (all rows of each chunk)."""
         self._check_room(len(ids))

@@ -10,7 +10,7 @@ ones a window of rows at a time (``ModelWeights.matmul``), so peak memory is the
 ``emulate_int8=True`` models the kernels' storage precision: every matmul input quantized per 32-block to
 int8 exactly as the GPU kernels do (kernels/q8/ref.py), and the attention queries, keys and values rounded
 to float16 as the f16 KV cache holds them; so GPU logits can be compared with this model tightly (see
-model/act_follow.py). Rows the GPU ran through the W8A16 prefill GEMM (``f16_layer_rows`` /
+benchmarks/e2e/act_follow.py). Rows the GPU ran through the W8A16 prefill GEMM (``f16_layer_rows`` /
 ``f16_head_rows``, by position) instead take their activations rounded to float16 and the weights
 dequantized to float16, as that kernel does. The float mode is the spec.
 """
@@ -52,7 +52,7 @@ class ReferenceModel:
         self.config: ModelConfig = weights.config
         self.emulate_int8 = emulate_int8
         self.gdn_chunked = gdn_chunked
-        self.act_hook = None   # (h, f16_rows) -> (activation, f16_rows), with emulate_int8 (model/act_follow.py)
+        self.act_hook = None   # (h, f16_rows) -> (activation, f16_rows), with emulate_int8 (benchmarks/e2e/act_follow.py)
         self.f16_layer_rows = None     # bool [positions]: the layers' matmuls of these rows are W8A16
         self.f16_head_rows = None      # bool [positions]: likewise for the output head
 

@@ -1,11 +1,11 @@
-"""TieFollower (model/act_follow.py) with the int8-emulating reference as its own "GPU": its recorded
+"""TieFollower (benchmarks/e2e/act_follow.py) with the int8-emulating reference as its own "GPU": its recorded
 activations are followed without a change, a level (or, on W8A16 rows, a float16 ulp) moved at a near-tie is
 taken, one moved elsewhere is a disagreement. The GPU side is in tests/model/test_gpu_model.py."""
 import numpy as np
 import pytest
 
 from ninfer_numba.kernels.q8.ref import QK, quantize_q8_blocks_ref
-from ninfer_numba.model.act_follow import POINTS, TieFollower
+from benchmarks.e2e.act_follow import POINTS, TieFollower
 from ninfer_numba.model.reference import ReferenceModel, emulate_activation
 from ninfer_numba.model.weights import open_model
 

@@ -7,7 +7,7 @@ int8-emulating reference cannot be met by any implementation on such a model. Th
 same-precision oracle: the GPU's distance to the float reference must be at most twice the int8-emulating
 reference's own distance to it, and its top-1 agreement with the float reference at most 10 points lower.
 The tight end-to-end check is against the int8-emulating reference that follows the GPU's one-level rounding
-decisions (model/act_follow.py; the last test here). (GPU-only: under the CUDA simulator this model takes
+decisions (benchmarks/e2e/act_follow.py; the last test here). (GPU-only: under the CUDA simulator this model takes
 longer than the whole suite's budget.)
 """
 import numpy as np
@@ -106,7 +106,7 @@ def test_prefill_graph_replay_matches_eager(tmp_path):
 def test_gpu_layers_match_reference_layers(tmp_path):
     """Each layer and the head, fed the GPU's own input, within 5e-3 of the int8-emulating reference (which
     emulates the W8A16 rows as such: float16 activations and weights)."""
-    from ninfer_numba.model.layer_check import compare_layers, gpu_residual_streams
+    from benchmarks.e2e.layer_check import compare_layers, gpu_residual_streams
     llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()
     streams, logits, toks, f16 = gpu_residual_streams(llm.runner, prompt, 8)
@@ -118,9 +118,9 @@ def test_gpu_layers_match_reference_layers(tmp_path):
 @pytest.mark.gpu
 def test_gpu_model_matches_int8_reference_following_near_ties(tmp_path):
     """End to end against the int8-emulating reference that takes the GPU's one-level rounding decisions
-    (model/act_follow.py): no GPU int8 activation is two levels or more from the reference's own, and then
+    (benchmarks/e2e/act_follow.py): no GPU int8 activation is two levels or more from the reference's own, and then
     the logits at every position, the top-1 and the greedy tokens (graph path) all agree tightly."""
-    from ninfer_numba.model.act_follow import TieFollower, gpu_activations
+    from benchmarks.e2e.act_follow import TieFollower, gpu_activations
     from ninfer_numba.model.reference import ReferenceModel
     llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(5).integers(0, SPEC.n_vocab, 70).tolist()

@@ -1,4 +1,4 @@
-"""compare_layers (model/layer_check.py) on streams produced by the reference itself, token by token.
+"""compare_layers (benchmarks/e2e/layer_check.py) on streams produced by the reference itself, token by token.
 
 The GPU side needs a GPU (tests/model/test_gpu_model.py); here the streams come from the float reference run
 as the GPU runs it (a prompt chunk, then one token per step), which checks the indexing and the claim that one
@@ -6,7 +6,7 @@ causal call over the whole sequence reproduces the incremental run.
 """
 import numpy as np
 
-from ninfer_numba.model.layer_check import compare_layers
+from benchmarks.e2e.layer_check import compare_layers
 from ninfer_numba.model.reference import ReferenceModel
 from ninfer_numba.model.weights import open_model
 

@@ -7,7 +7,7 @@ flips more roundings there, and over dozens of quantization points the flips cas
 the int8 quantization noise itself. So the tight comparison is local: the residual stream the GPU produced
 entering layer i is run through the reference's layer i (a fresh state over the whole sequence: the model is
 causal, so prompt and decode positions go through in one call) and compared with the stream the GPU produced
-leaving layer i. The head is checked the same way on the GPU's final stream. (model/act_follow.py makes
+leaving layer i. The head is checked the same way on the GPU's final stream. (benchmarks/e2e/act_follow.py makes
 the end-to-end comparison tight instead, by following the GPU's rounding decisions.)
 
     ``tapped_run(runner, ids, n_gen, all_rows=False, tap=..., act_tap=...)`` -> (logits, tokens, f16)
@@ -41,8 +41,7 @@ def tapped_run(runner, ids: list[int], n_gen: int, *, all_rows: bool = False,
         s.synchronize()
 
     def run(part: list[int], every_row: bool) -> None:
-        for n in runner._run_tokens(np.asarray(part, np.int32), runner.state,
-                                    on_chunk=keep if every_row else None, **taps):
+        for n in runner.run_tapped(part, on_chunk=keep if every_row else None, **taps):
             f16 = model.uses_f16_activations(n)
             layer_f16.extend([f16] * n)
             head_f16.extend([f16] * n if every_row else [])

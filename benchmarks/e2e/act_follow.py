@@ -3,7 +3,7 @@
 Why: an activation whose value lands within float rounding of the midpoint between two int8 levels rounds
 one way on the GPU and the other way in NumPy; the one-level difference changes every output of the next
 matmul, flips more roundings there, and over the model's ~130 quantization points the two sides end up
-apart by the int8 quantization noise itself (model/layer_check.py). No implementation that differs from the
+apart by the int8 quantization noise itself (benchmarks/e2e/layer_check.py). No implementation that differs from the
 reference in float rounding alone can match it tightly end to end.
 
 What: the GPU run records every activation it feeds a matmul (``gpu_activations``): int8 on the decode path
@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_numba.kernels.q8.ref import QK, from_fragment_order, quantize_q8_blocks_ref
-from ninfer_numba.model.layer_check import tapped_run
+from benchmarks.e2e.layer_check import tapped_run
 from ninfer_numba.model.reference import dequantize_activation
 
 POINTS = ("mixer_in", "mixer_out", "ffn_in", "down_in")   # per layer, in the order the matmuls run
