@@ -27,7 +27,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="prefill GEMM on the GPU: auto is w8a16 on sm_90, else int8 mma (sm_80+) or dp4a")
     p.add_argument("--kv-type", default="f16", choices=["f16", "k3v3", "k4v3", "k4v4"],
                    help="KV cache format: f16, or keys/values in 3 or 4 bits after a Hadamard rotation "
-                        "(kernels/kvq; the cpu backend so far)")
+                        "(kernels/kvq)")
     p.add_argument("--no-prefill-graphs", action="store_true",
                    help="run every prefill chunk eagerly instead of replaying captured CUDA graphs")
 

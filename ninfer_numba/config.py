@@ -226,7 +226,7 @@ class EngineConfig:
     backend: str = "auto"          # auto | cpu | cuda
     max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
     prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
-    kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 (kernels/kvq; the cpu backend so far)
+    kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 (kernels/kvq)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
     prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)

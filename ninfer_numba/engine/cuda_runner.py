@@ -55,7 +55,7 @@ class CudaRunner:
         self._prefill_seen: set[tuple] = set()
         self._no_graph: set[tuple] = set()                     # lengths whose capture failed: always eager
         t0 = time.perf_counter()
-        scratch = SequenceState(self.config, 8, self.stream)
+        scratch = self.model.new_state(8)
         scratch.reset(self.stream)
         self._run_tokens(np.array([1, 2], np.int32), scratch)       # prefill path (t > 1)
         self._run_tokens(np.array([3], np.int32), scratch)          # decode path (t == 1)
@@ -65,7 +65,7 @@ class CudaRunner:
         self._pick_kernels(sampled=True)
         self.stream.synchronize()
         del scratch
-        self.state = SequenceState(self.config, self.max_seq, self.stream)
+        self.state = self.model.new_state(self.max_seq)
         self.state.reset(self.stream)
         # the CUDA simulator has no graphs: there the "replay" runs the same launches eagerly
         self._graphs = {}

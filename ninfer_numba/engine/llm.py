@@ -65,9 +65,6 @@ class LLM:
             self.runner = CpuRunner(self.weights, max_seq, emulate_int8=emulate_int8,
                                     kv_type=self.engine_config.kv_type)
         elif self.backend == "cuda":
-            if self.engine_config.kv_type != "f16":
-                raise ValueError(f"kv_type {self.engine_config.kv_type!r} runs on the cpu backend so far (its "
-                                 "kernels, kernels/kvq, are not wired into the GPU model yet); use f16 on cuda")
             from ninfer_numba.engine.cuda_runner import CudaRunner
             self.runner = CudaRunner(self.weights, self.engine_config)
         else:

@@ -30,22 +30,47 @@ from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync
 from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
+from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append_from_cache
+from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
+from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
+from ninfer_numba.kernels.kvq.ref import KV_TYPES, role_seeds
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.q8.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
 from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
 
 
-class SequenceState:
-    """Device memory of one sequence: KV caches, GDN conv and recurrent states, position counters."""
+KVQ_SPLITS = 32                   # split-K blocks per query head of the coded-cache decode attention
 
-    def __init__(self, c: ModelConfig, max_seq: int, stream) -> None:
+
+def kvq_cache_shapes(kv_type: str, Hkv: int, max_seq: int, d: int):
+    """(shape, dtype) of a coded layer's k codes, k norms (float16 bits), v codes, v norms."""
+    k_bits, v_bits = KV_TYPES[kv_type]
+    return [((Hkv, max_seq, d * k_bits // 8), np.uint8), ((Hkv, max_seq), np.uint16),
+            ((Hkv, max_seq, d * v_bits // 8), np.uint8), ((Hkv, max_seq), np.uint16)]
+
+
+class SequenceState:
+    """Device memory of one sequence: KV caches, GDN conv and recurrent states, position counters.
+
+    kv_type f16: one [Hkv, max_seq, d] float16 cache per attention layer. A coded type (k3v3 ...,
+    kernels/kvq): per layer the codes and float16 norms of keys and values; every layer's k_cache / v_cache
+    is then one shared float16 scratch, where the QK-norm + RoPE kernel leaves the new rows before they are
+    coded and where a prefill decodes the layer's cached rows for the f16 attention kernel."""
+
+    def __init__(self, c: ModelConfig, max_seq: int, stream, kv_type: str = "f16") -> None:
         self.max_seq = max_seq
         self.k_cache, self.v_cache, self.conv, self.ssm = {}, {}, {}, {}
+        self.kvq: dict[int, tuple] = {}               # layer -> (k codes, k norms, v codes, v norms)
+        f16_rows = lambda: cuda.device_array((c.n_head_kv, max_seq, c.head_dim), np.float16, stream=stream)  # noqa: E731
+        scratch = (f16_rows(), f16_rows()) if kv_type in KV_TYPES else None
         for i in range(c.n_layer):
-            if c.is_attention_layer(i):
+            if c.is_attention_layer(i) and scratch is not None:
+                self.k_cache[i], self.v_cache[i] = scratch
+                self.kvq[i] = tuple(cuda.device_array(shape, dt, stream=stream) for shape, dt in
+                                    kvq_cache_shapes(kv_type, c.n_head_kv, max_seq, c.head_dim))
+            elif c.is_attention_layer(i):
                 # [Hkv, max_seq, d] float16: each KV head's rows contiguous for the decode kernel's reads
-                self.k_cache[i] = cuda.device_array((c.n_head_kv, max_seq, c.head_dim), np.float16, stream=stream)
-                self.v_cache[i] = cuda.device_array((c.n_head_kv, max_seq, c.head_dim), np.float16, stream=stream)
+                self.k_cache[i], self.v_cache[i] = f16_rows(), f16_rows()
             else:
                 self.conv[i] = cuda.device_array((c.conv_kernel - 1, c.conv_dim), np.float32, stream=stream)
                 self.ssm[i] = cuda.device_array((c.ssm_heads, c.ssm_state, c.ssm_state), np.float32, stream=stream)
@@ -114,6 +139,19 @@ class Qwen35Gpu:
             raise ValueError(f"gemm='w8a16' needs an sm_90 GPU (wgmma); this one is sm_{cc[0]}{cc[1]}")
         self.prefill_attention = attention_prefill_mma if cc >= (8, 0) and supports_shape(
             c.n_head, c.n_head_kv, c.head_dim) else attention_prefill
+        self.kv_type = engine.kv_type
+        self.kvq_tables = {}               # layer -> (key tables, value tables) of a coded cache
+        if self.kv_type in KV_TYPES:
+            k_bits, v_bits = KV_TYPES[self.kv_type]
+            for i in c.attention_layers:
+                k_seed, v_seed = role_seeds(i)
+                self.kvq_tables[i] = (KvqTables(c.head_dim, k_bits, k_seed, stream),
+                                      KvqTables(c.head_dim, v_bits, v_seed, stream))
+            self.kvq_ws = KvqDecodeWorkspace(c.n_head, c.head_dim, KVQ_SPLITS, stream)
+
+    def new_state(self, max_seq: int) -> SequenceState:
+        """A sequence's device memory in this model's KV format."""
+        return SequenceState(self.c, max_seq, self.stream, self.kv_type)
 
     # -- activations and matmuls --------------------------------------------------------------------
     def uses_f16_activations(self, t: int) -> bool:
@@ -212,12 +250,31 @@ class Qwen35Gpu:
                            st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base,
                            eps=c.rms_eps, stream=s)
         y = b.mat(b.y, t, c.n_head * c.head_dim)
-        if t == 1:
+        if L.index in st.kvq:
+            self._coded_attention(L.index, t, st, q, proj, y)
+        elif t == 1:
             attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, proj, y.reshape(-1),
                              self.attn_ws, stream=s)
         else:
             self.prefill_attention(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, proj, y, stream=s)
         return y
+
+    def _coded_attention(self, i, t, st, q, proj, y):
+        """Attention over a coded cache (kernels/kvq): the new rows, left in the f16 scratch by
+        qk_norm_rope_store, are coded in place of the layer's; decode attends in the rotated domain, a prefill
+        decodes the layer's rows < kv_len into the scratch and runs the f16 kernel on them."""
+        s = self.stream
+        k_codes, k_norms, v_codes, v_norms = st.kvq[i]
+        k_tab, v_tab = self.kvq_tables[i]
+        kvq_append_from_cache(st.k_cache[i], t, k_tab, k_codes, k_norms, st.pos, stream=s)
+        kvq_append_from_cache(st.v_cache[i], t, v_tab, v_codes, v_norms, st.pos, stream=s)
+        if t == 1:
+            kvq_attention_decode(q[0], k_codes, k_norms, v_codes, v_norms, st.kv_len, k_tab, v_tab,
+                                 y.reshape(-1), self.kvq_ws, stream=s, proj=proj)
+            return
+        kvq_dequantize(k_codes, k_norms, k_tab, st.kv_len, st.k_cache[i].view(np.uint16), stream=s)
+        kvq_dequantize(v_codes, v_norms, v_tab, st.kv_len, st.v_cache[i].view(np.uint16), stream=s)
+        self.prefill_attention(q, st.k_cache[i], st.v_cache[i], st.pos, proj, y, stream=s)
 
     def _gdn(self, L, t, st, act):
         c, b, s = self.c, self.buf, self.stream

@@ -57,10 +57,39 @@ def test_round_trip_is_the_kernels_coding():
     np.testing.assert_array_equal(v, dequantize(*quantize(2 * x, 3, vs), 3, vs).astype(np.float32))
 
 
-def test_cuda_backend_refuses_a_coded_cache_for_now(tiny_novocab):
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_type", ["k3v3", "k4v3"])
+def test_gpu_coded_cache_against_the_reference(tmp_path, kv_type):
+    """The GPU model with a coded cache (prefill in 32-token chunks: each decodes the cached rows for the f16
+    kernel; decode in the rotated domain) against the reference model with the same coding, as
+    tests/model/test_gpu_model.py checks the f16 cache: within twice the int8-emulation's own distance."""
     from ninfer_numba import LLM
-    with pytest.raises(ValueError, match="cpu backend so far"):
-        LLM(tiny_novocab, backend="cuda", kv_type="k3v3")
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    from ninfer_numba.model.reference import ReferenceModel
+    from tests.gguf_factory import QT, tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC, _rel
+    if SIMULATOR or not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, kv_type=kv_type)
+    prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()
+    gpu_prompt = llm.logits(prompt)
+    llm.runner.reset()
+    last = llm.runner.prefill(prompt)
+    toks, steps = [], []
+    for _ in range(8):
+        toks.append(int(np.argmax(last)))
+        last = llm.runner.decode(toks[-1])
+        steps.append(last)
+    seq = prompt + toks[:-1]
+    gpu = np.concatenate([gpu_prompt, np.stack(steps[:-1])])
+    f = ReferenceModel(llm.weights, kv_type=kv_type)
+    ref_float = f.forward(seq, f.new_state(len(seq)))
+    e = ReferenceModel(llm.weights, emulate_int8=True, kv_type=kv_type)
+    ref_int8 = e.forward(seq, e.new_state(len(seq)))
+    baseline = _rel(ref_int8, ref_float)
+    assert _rel(gpu, ref_float) <= 2 * baseline, (_rel(gpu, ref_float), baseline)
 
 
 def test_info_reports_each_cache_at_the_full_context(tiny_model, capsys):

@@ -13,7 +13,7 @@ Split-K over the cached tokens, two kernels on one stream:
 The output is the attention of the head before the model's output gate, as flash_attn.decode's partials
 are before theirs.
 
-Buffers: q [H, d] f32 (roped, normed); k_codes, v_codes [Hkv, max_seq, d·bits/8] uint8; k_norms, v_norms
+Buffers: q [H, d] f32 or f16 (roped, normed: the model's f16 query buffer); k_codes, v_codes [Hkv, max_seq, d·bits/8] uint8; k_norms, v_norms
 [Hkv, max_seq] uint16 (float16 bits); kv_len [1] int32 (tokens cached, this one's included); part_o
 [n_splits, H, d] f32 and part_ml [n_splits, H, 2] f32 (workspace); out [H, d] f32.
 """
@@ -90,7 +90,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         w = tid >> 5
         lane = tid & 31
         for i in range(tid, d, TPB):
-            s_q[i] = q[h, i] * k_signs[i]
+            s_q[i] = float32(q[h, i]) * k_signs[i]
         if tid < k_levels.shape[0]:
             s_lk[tid] = k_levels[tid]
         if tid < v_levels.shape[0]:
