@@ -27,6 +27,20 @@ def _tiny_gpu_llm(tmp_path, **engine):
     return LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, **engine)
 
 
+def prefill_and_greedy_steps(llm, prompt: list[int], n: int):
+    """(sequence, GPU logits of its every position, greedy tokens): the prompt's logits from the prefill path,
+    then n - 1 greedy decode steps (the decode path) after a reset."""
+    gpu_prompt = llm.logits(prompt)
+    llm.runner.reset()
+    last = llm.runner.prefill(prompt)
+    toks, steps = [], []
+    for _ in range(n):
+        toks.append(int(np.argmax(last)))
+        last = llm.runner.decode(toks[-1])
+        steps.append(last)
+    return prompt + toks[:-1], np.concatenate([gpu_prompt, np.stack(steps[:-1])]), toks
+
+
 def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
@@ -36,16 +50,7 @@ def test_gpu_model_against_reference(tmp_path):
     from ninfer_numba.model.reference import ReferenceModel
     llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()   # > two 32-token chunks
-    gpu_prompt = llm.logits(prompt)
-    llm.runner.reset()
-    last = llm.runner.prefill(prompt)
-    toks, steps = [], []
-    for _ in range(8):
-        toks.append(int(np.argmax(last)))
-        last = llm.runner.decode(toks[-1])
-        steps.append(last)
-    seq = prompt + toks[:-1]
-    gpu = np.concatenate([gpu_prompt, np.stack(steps[:-1])])
+    seq, gpu, toks = prefill_and_greedy_steps(llm, prompt, 8)
     f = ReferenceModel(llm.weights)
     ref_float = f.forward(seq, f.new_state(len(seq)))
     q = ReferenceModel(llm.weights, emulate_int8=True)

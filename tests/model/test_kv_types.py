@@ -67,23 +67,14 @@ def test_gpu_coded_cache_against_the_reference(tmp_path, kv_type):
     from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
     from ninfer_numba.model.reference import ReferenceModel
     from tests.gguf_factory import QT, tensors_for, write_gguf
-    from tests.model.test_gpu_model import SPEC, _rel
+    from tests.model.test_gpu_model import SPEC, _rel, prefill_and_greedy_steps
     if SIMULATOR or not gpu_available():
         pytest.skip("needs a CUDA GPU")
     path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
                       matrix_type=QT.Q8_0)
     llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, kv_type=kv_type)
     prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()
-    gpu_prompt = llm.logits(prompt)
-    llm.runner.reset()
-    last = llm.runner.prefill(prompt)
-    toks, steps = [], []
-    for _ in range(8):
-        toks.append(int(np.argmax(last)))
-        last = llm.runner.decode(toks[-1])
-        steps.append(last)
-    seq = prompt + toks[:-1]
-    gpu = np.concatenate([gpu_prompt, np.stack(steps[:-1])])
+    seq, gpu, _ = prefill_and_greedy_steps(llm, prompt, 8)
     f = ReferenceModel(llm.weights, kv_type=kv_type)
     ref_float = f.forward(seq, f.new_state(len(seq)))
     e = ReferenceModel(llm.weights, emulate_int8=True, kv_type=kv_type)
