@@ -113,29 +113,43 @@ class TokenConstraint:
         if self._matcher.is_error():
             raise ValueError(f"{what}: {_one_line(self._matcher.get_error())}")
 
-    def allowed(self) -> np.ndarray:
-        """bool [n_vocab]: the tokens the grammar allows next (the stop tokens once the grammar is complete)."""
+    def _words(self) -> np.ndarray:
+        """The allowed set as llguidance packs it (uint32 [ceil(n_vocab / 32)], bit i % 32 of word i // 32), its
+        end-of-sequence tokens replaced by this constraint's stop tokens: llguidance marks its own end tokens
+        where the grammar may end; a stop token takes their place (and nothing else does: a stop token always
+        ends the constrained text). The substitution works on the words, so the device sampler's mask is
+        never unpacked and packed again."""
+        words = np.zeros(self._bitmask.shape[1], np.uint32)
         if self._stopped:
-            mask = np.zeros(self._n_vocab, dtype=bool)
-            mask[self._stop_ids] = True
-            return mask
+            np.bitwise_or.at(words, self._stop_ids >> 5, np.uint32(1) << (self._stop_ids & 31).astype(np.uint32))
+            return words
         llg_numpy.fill_next_token_bitmask(self._matcher, self._bitmask)
         self._check("constraint failed")
-        mask = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:self._n_vocab].view(bool)
-        # llguidance marks its own end-of-sequence tokens where the grammar may end; this constraint's stop
-        # tokens take their place (and nothing else does: a stop token always ends the constrained text).
-        can_stop = bool(mask[self._grammar_eos].any())
-        mask[self._grammar_eos] = False
-        mask[self._stop_ids] = can_stop
-        return mask
+        words[:] = self._bitmask[0].view(np.uint32)
+        eos = self._grammar_eos
+        eos_bits = np.uint32(1) << (eos & 31).astype(np.uint32)
+        can_stop = bool((words[eos >> 5] & eos_bits).any())
+        np.bitwise_and.at(words, eos >> 5, ~eos_bits)
+        if can_stop:
+            np.bitwise_or.at(words, self._stop_ids >> 5,
+                             np.uint32(1) << (self._stop_ids & 31).astype(np.uint32))
+        return words
+
+    def allowed(self) -> np.ndarray:
+        """bool [n_vocab]: the tokens the grammar allows next (the stop tokens once the grammar is complete)."""
+        return np.unpackbits(self._words().view(np.uint8), bitorder="little")[:self._n_vocab].view(bool)
 
     def bitmask(self, n_vocab: int) -> np.ndarray:
         """allowed() packed for the device sampler: int32 [ceil(n_vocab / 32)], bit i % 32 of word i // 32 set
         where token i is allowed (ids past the tokenizer's vocabulary never are)."""
-        mask = np.zeros(-(-n_vocab // 32) * 32, dtype=bool)
-        allowed = self.allowed()[:n_vocab]
-        mask[:allowed.shape[0]] = allowed
-        return np.packbits(mask, bitorder="little").view(np.int32)
+        words = self._words()
+        out = np.zeros(-(-n_vocab // 32), np.uint32)
+        k = min(out.size, words.size)
+        out[:k] = words[:k]
+        last = min(n_vocab, self._n_vocab)                  # bits from here on are not tokenizer ids
+        if last % 32 and last // 32 < out.size:
+            out[last // 32] &= np.uint32((1 << (last % 32)) - 1)
+        return out.view(np.int32)
 
     def advance(self, token: int) -> None:
         """Consume a generated token; ValueError if the grammar forbids it (the constraint is then unchanged)."""

@@ -217,3 +217,29 @@ def test_allowed_timing(tokenizer, ids):
         mean_ms, max_ms = 1e3 * float(np.mean(timings)), 1e3 * float(np.max(timings))
         print(f"allowed() {label}: mean {mean_ms:.3f} ms, max {max_ms:.3f} ms over {len(timings)} calls")
         assert mean_ms < 50
+
+
+def test_bitmask_is_allowed_packed(tokenizer, ids):
+    """The device sampler's mask (bitmask) is allowed() packed bit i % 32 of word i // 32, padded with
+    forbidden ids past the tokenizer's vocabulary or cut at a smaller n_vocab, along a walk and after the
+    stop token."""
+    def packed(mask, n):
+        bits = np.zeros(-(-n // 32) * 32, bool)
+        bits[:min(n, mask.size)] = mask[:n]
+        return np.packbits(bits, bitorder="little").view(np.int32)
+
+    rng = np.random.default_rng(3)
+    stop = ids["im_end"]
+    c = json_constraint(tokenizer, BOUNDED_SCHEMA, {stop})
+    V = tokenizer.n_vocab
+    for _ in range(MAX_STEPS):
+        mask = c.allowed()
+        for n in (V, V + 40, V - 5, V - 32):
+            np.testing.assert_array_equal(c.bitmask(n), packed(mask, n))
+        token = int(rng.choice(np.flatnonzero(mask)))
+        c.advance(token)
+        if token == stop:
+            break
+    assert c.done
+    np.testing.assert_array_equal(c.bitmask(V + 40), packed(c.allowed(), V + 40))
+    assert np.flatnonzero(c.allowed()).tolist() == [stop]
