@@ -29,6 +29,7 @@ import jinja2
 
 from ninfer_numba.server.output_parser import CALL_OPEN, ChatOutputParser
 from ninfer_numba.server.protocol import APIError, ChatCompletionRequest, ChatMessage
+from ninfer_numba.server.structured import response_format_type
 
 NO_THINK_SWITCHES = ("/no_think", "/nothink")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -230,7 +231,7 @@ def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
             messages, tokenizer.added_texts(control_only=True), tokenizer.added_texts())
     tools = _validate_tools(req)
     choice, forced = _tool_choice(req, tools)
-    structured = (req.response_format or {}).get("type", "text") != "text"      # server/structured.py
+    structured = response_format_type(req) != "text"                             # server/structured.py
     thinking = thinking_enabled(req, strip_no_think(messages)) and choice in ("none", "auto") and not structured
     kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
     prompt_tools = list(req.tools) if tools and choice != "none" else None
