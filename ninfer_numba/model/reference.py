@@ -52,7 +52,8 @@ class ReferenceModel:
         self.config: ModelConfig = weights.config
         self.emulate_int8 = emulate_int8
         self.gdn_chunked = gdn_chunked
-        self.act_hook = None   # (h, f16_rows) -> (activation, f16_rows), with emulate_int8 (benchmarks/e2e/act_follow.py)
+        self.act_hook = None   # (h, f16_rows) -> (activation, f16_rows), with emulate_int8
+        #                        (benchmarks/e2e/act_follow.py)
         self.f16_layer_rows = None     # bool [positions]: the layers' matmuls of these rows are W8A16
         self.f16_head_rows = None      # bool [positions]: likewise for the output head
 

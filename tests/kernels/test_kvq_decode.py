@@ -77,7 +77,8 @@ def test_decode_gated_and_the_dequantized_rows():
     out = cuda.to_device(np.zeros(H * d, np.float32))
     kvq_attention_decode(cuda.to_device(q), d_codes, d_norms, d_codes, d_norms, kv_len, tables, tables, out,
                          KvqDecodeWorkspace(H, d, 2), proj=cuda.to_device(proj))
-    o = ref.attention_rotated_ref(q[None].astype(np.float32), kc, kn, kc, kn, np.array([L - 1]), bits, bits, K_SEED, K_SEED)[0]
+    o = ref.attention_rotated_ref(q[None].astype(np.float32), kc, kn, kc, kn, np.array([L - 1]), bits, bits,
+                                  K_SEED, K_SEED)[0]
     gate = proj[0, :2 * d * H].reshape(H, 2, d)[:, 1]
     want = (o / (1 + np.exp(-gate.astype(np.float64)))).reshape(-1)
     np.testing.assert_allclose(out.copy_to_host(), want, rtol=0, atol=2e-5 * np.abs(want).max())

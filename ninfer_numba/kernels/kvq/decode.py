@@ -13,8 +13,8 @@ Split-K over the cached tokens, two kernels on one stream:
 The output is the attention of the head before the model's output gate, as flash_attn.decode's partials
 are before theirs.
 
-Buffers: q [H, d] f32 or f16 (roped, normed: the model's f16 query buffer); k_codes, v_codes [Hkv, max_seq, d·bits/8] uint8; k_norms, v_norms
-[Hkv, max_seq] uint16 (float16 bits); kv_len [1] int32 (tokens cached, this one's included); part_o
+Buffers: q [H, d] f32 or f16 (roped, normed: the model's f16 query buffer); k_codes, v_codes
+[Hkv, max_seq, d·bits/8] uint8; k_norms, v_norms [Hkv, max_seq] uint16 (float16 bits); kv_len [1] int32 (tokens cached, this one's included); part_o
 [n_splits, H, d] f32 and part_ml [n_splits, H, 2] f32 (workspace); out [H, d] f32.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _lane_codes(codes, h, j, lane, bits, out):
 
 
 @cuda.jit(device=True)
-def _fwht_shared(s_x, d, tid, nthreads):
+def fwht_shared(s_x, d, tid, nthreads):
     """In-place Walsh-Hadamard butterflies of s_x[0:d] by a block of nthreads (barriers included)."""
     half = 1
     while half < d:
@@ -96,7 +96,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         if tid < v_levels.shape[0]:
             s_lv[tid] = v_levels[tid]
         cuda.syncthreads()
-        _fwht_shared(s_q, d, tid, TPB)
+        fwht_shared(s_q, d, tid, TPB)
         qv = cuda.local.array(8, float32)
         acc = cuda.local.array(8, float32)
         cv = cuda.local.array(8, uint32)
@@ -175,7 +175,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     o += part_o[s, h, i] * math.exp(part_ml[s, h, 0] - mm)
             s_o[i] = o / ll
         cuda.syncthreads()
-        _fwht_shared(s_o, d, tid, TPB)
+        fwht_shared(s_o, d, tid, TPB)
         for i in range(tid, d, TPB):
             o = s_o[i] * v_signs[i] * INV_SQRT_D
             if gated:

@@ -6,8 +6,8 @@ fresh, reproducible u every token. Nothing is sorted: the positions needed in th
 radix select (sample/radix_select.py).
 
 Launch sequence of ``sample`` (one stream, no host synchronisation, graph-capturable, no allocation):
-  _transform_kernel   penalties + temperature -> z [V] (-inf where a grammar's mask forbids); block argmax; the last block finishes the argmax
-                      (greedy ends here), draws u, zeroes the histograms and the select state.
+  _transform_kernel   penalties + temperature -> z [V] (-inf where a grammar's mask forbids); block argmax;
+                      the last block finishes the argmax (greedy ends here), draws u, zeroes the histograms and the select state.
   _hist1_kernel       level-1 histogram of all tokens, m_min and masses; starts the select state machine.
   _refine_kernel x 8  one histogram level of the current select each; idle launches return at once.
 """
