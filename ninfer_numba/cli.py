@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer_numba.config import BackendUnavailableError, ModelFormatError
+from ninfer_numba.config import KV_CACHE_TYPES, BackendUnavailableError, ModelFormatError
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per prefill forward on the GPU (activation buffers are sized by it)")
     p.add_argument("--gemm", default="auto", choices=["auto", "w8a16", "mma", "dp4a"],
                    help="prefill GEMM on the GPU: auto is w8a16 on sm_90, else int8 mma (sm_80+) or dp4a")
-    p.add_argument("--kv-type", default="f16", choices=["f16", "k3v3", "k4v3", "k4v4"],
+    p.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                    help="KV cache format: f16, or keys/values in 3 or 4 bits after a Hadamard rotation "
                         "(kernels/kvq)")
     p.add_argument("--no-prefill-graphs", action="store_true",
@@ -149,7 +149,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
     print(f"memory         weights {total / 1e9:.3f} GB; KV cache f16 {kv_per_tok / 1024:.0f} KiB/token; "
           f"recurrent state {state / 2**20:.1f} MiB/sequence")
     from ninfer_numba.kernels.kvq.ref import vector_bytes
-    per_head = {kv: sum(vector_bytes(kv, c.head_dim)) for kv in ("f16", "k4v4", "k4v3", "k3v3")}
+    per_head = {kv: sum(vector_bytes(kv, c.head_dim)) for kv in KV_CACHE_TYPES}
     print(f"KV cache at    {c.context_length:,} tokens: " + ", ".join(
         f"{kv} {len(c.attention_layers) * c.n_head_kv * b * c.context_length / 1e9:.2f} GB"
         for kv, b in per_head.items()))

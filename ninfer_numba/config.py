@@ -10,6 +10,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ninfer_numba.kernels.kvq.ref import KV_TYPES
+
 ARCH = "qwen35"
 
 
@@ -174,7 +176,7 @@ def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
                            "this engine runs RoPE unscaled, within the model's original context length")
 
 
-KV_CACHE_TYPES = ("f16", "k3v3", "k4v3", "k4v4")     # the coded ones: kernels/kvq/ref.py's KV_TYPES
+KV_CACHE_TYPES = ("f16", *KV_TYPES)     # f16 and the coded caches of kernels/kvq (k3v3, k4v3, k4v4)
 MAX_TOP_LOGPROBS = 20                # alternatives per token (OpenAI's top_logprobs limit)
 
 

@@ -61,8 +61,8 @@ class SequenceState:
         self.max_seq = max_seq
         self.k_cache, self.v_cache, self.conv, self.ssm = {}, {}, {}, {}
         self.kvq: dict[int, tuple] = {}               # layer -> (k codes, k norms, v codes, v norms)
-        shape = (c.n_head_kv, max_seq, c.head_dim)
-        f16_rows = lambda: cuda.device_array(shape, np.float16, stream=stream)  # noqa: E731
+        rows = (c.n_head_kv, max_seq, c.head_dim)
+        f16_rows = lambda: cuda.device_array(rows, np.float16, stream=stream)  # noqa: E731
         scratch = (f16_rows(), f16_rows()) if kv_type in KV_TYPES else None
         for i in range(c.n_layer):
             if c.is_attention_layer(i) and scratch is not None:
