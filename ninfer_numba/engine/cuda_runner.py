@@ -23,6 +23,7 @@ import numpy as np
 from ninfer_numba.config import EngineConfig
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
 from ninfer_numba.kernels.sample.device import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
+from ninfer_numba.kernels.sample.logprobs import REC_LEN, LogprobWorkspace, record_to_host, token_logprobs
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
@@ -33,6 +34,7 @@ PREFILL_GRAPHS = 8                 # prefill chunk lengths kept as captured grap
 
 class CudaRunner:
     supports_device_sampling = True
+    supports_device_logprobs = True        # logprobs records computed after each device pick (run_ahead etc.)
 
     def __init__(self, weights: ModelWeights, engine: EngineConfig, *, log=None) -> None:
         check_numba_cuda()
@@ -49,6 +51,10 @@ class CudaRunner:
         self._ahead_done = [cuda.event() if SIMULATOR else cuda.event(timing=False) for _ in range(2)]  # sim: no kwargs
         self.sample_ws = SampleWorkspace(self.config.n_vocab, stream=self.stream)
         self._host_mask = cuda.pinned_array(self.sample_ws.mask.shape[0], np.int32)   # staging of a grammar mask
+        self.lp_ws = LogprobWorkspace(self.config.n_vocab, stream=self.stream)
+        self._ahead_rec = [cuda.pinned_array(REC_LEN, np.float64) for _ in range(2)]   # run_ahead's records
+        self._lp_n = 0                          # alternatives per token of the current logprobs request
+        self._last_rec = self._ahead_rec[0]     # the record of the last pick made with logprobs
         self.sample_params = cuda.to_device(np.zeros(N_PARAMS, np.float64), stream=self.stream)  # [N_PARAMS]
         self.penalty_counts = cuda.to_device(np.zeros(self.config.n_vocab, np.int32), stream=self.stream)  # [V]
         self._prefill_graphs: dict[tuple, CudaGraph] = {}       # (state, t, logits rows) -> graph, LRU order
@@ -62,46 +68,55 @@ class CudaRunner:
         self._pick_kernels(sampled=False)
         # every sampler kernel compiles here: a draw with all truncations on runs each select level
         self.sample_params.copy_to_device(pack_sample_params(1.0, 40, 0.9, 0.01, seed=0), stream=self.stream)
-        self._pick_kernels(sampled=True)
+        self._pick_kernels(sampled=True, logprobs=True)
         self.stream.synchronize()
         del scratch
         self.state = self.model.new_state(self.max_seq)
         self.state.reset(self.stream)
         # the CUDA simulator has no graphs: there the "replay" runs the same launches eagerly
-        self._graphs = {}
+        self._graphs = {}                     # (sampled, logprobs) -> the decode step's graph
         for sampled in ((False, True) if not SIMULATOR else ()):
-            self._graphs[sampled] = CudaGraph(self.stream)
-            with self._graphs[sampled].capture():
+            self._graphs[sampled, False] = CudaGraph(self.stream)
+            with self._graphs[sampled, False].capture():
                 self._decode_step_kernels(sampled)
         self.stream.synchronize()
         self._prefill_seen.clear()                             # the scratch state's lengths are not the real one's
         self.compile_seconds = time.perf_counter() - t0
 
     # -- building blocks -------------------------------------------------------------------------------
-    def _pick_kernels(self, sampled: bool) -> None:
-        """logits[0] -> tokens[0], where the next step's embedding gather reads it."""
+    def _pick_kernels(self, sampled: bool, logprobs: bool = False) -> None:
+        """logits[0] -> tokens[0], where the next step's embedding gather reads it; with logprobs, the chosen
+        token's record into lp_ws.rec (kernels/sample/logprobs.py)."""
         logits, tok = self.model.logits[0], self.model.buf.tokens[:1]
         if sampled:
             sample(logits, self.penalty_counts, self.sample_params, tok, self.sample_ws, stream=self.stream)
             update_counts(self.penalty_counts, tok, stream=self.stream)
         else:
             argmax(logits, tok, self.sample_ws, stream=self.stream)
+        if logprobs:
+            token_logprobs(logits, tok, self.lp_ws, stream=self.stream)
 
-    def _decode_step_kernels(self, sampled: bool) -> None:
+    def _decode_step_kernels(self, sampled: bool, logprobs: bool = False) -> None:
         """One token: forward, then the choice written into tokens[0] so the next replay embeds it."""
         self.model.forward(1, self.state)
-        self._pick_kernels(sampled)
+        self._pick_kernels(sampled, logprobs)
 
-    def _replay(self, sampled: bool = False) -> None:
+    def _replay(self, sampled: bool = False, logprobs: bool = False) -> None:
         """One decode step, its position counted: a graph replay (the captured forward's own count ran once,
         at capture), or under the CUDA simulator, which has no graphs, the same launches eagerly (forward
-        counts the position itself)."""
-        graph = self._graphs.get(sampled)
+        counts the position itself). The logprobs variants are captured the first time they are asked for."""
+        if SIMULATOR:
+            self._decode_step_kernels(sampled, logprobs)
+            return
+        graph = self._graphs.get((sampled, logprobs))
         if graph is None:
-            self._decode_step_kernels(sampled)
-        else:
-            graph.launch()
-            self.state.host_pos += 1
+            pos = self.state.host_pos
+            graph = self._graphs[sampled, logprobs] = CudaGraph(self.stream)
+            with graph.capture():                      # records only; nothing runs yet
+                self._decode_step_kernels(sampled, logprobs)
+            self.state.host_pos = pos
+        graph.launch()
+        self.state.host_pos += 1
 
     def _run_tokens(self, ids: np.ndarray, st: SequenceState, on_chunk=None, **taps) -> list[int]:
         """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0].
@@ -157,8 +172,12 @@ class CudaRunner:
         self._host_tok[0] = token
         self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
 
-    def _read_token(self) -> int:
+    def _read_token(self, with_record: bool = False) -> int:
+        """The picked token (and, with_record, its logprobs record into _last_rec), after a sync."""
         self.model.buf.tokens[:1].copy_to_host(self._host_tok, stream=self.stream)
+        if with_record:
+            self.lp_ws.rec.copy_to_host(self._ahead_rec[0], stream=self.stream)
+            self._last_rec = self._ahead_rec[0]
         self.stream.synchronize()
         return int(self._host_tok[0])
 
@@ -195,7 +214,16 @@ class CudaRunner:
         self._set_token(token)
         return self._step()
 
-    def run_ahead(self, first: int, sampled: bool = False) -> Iterator[int]:
+    def start_logprobs(self, n_top: int) -> None:
+        """Records of the next picks list n_top alternatives (a request's logprobs setting)."""
+        self._lp_n = n_top
+        self.lp_ws.n_top.copy_to_device(np.array([n_top], np.int32), stream=self.stream)
+
+    def last_logprob(self, token: int):
+        """engine.sampling.TokenLogprob of the token just returned by a pick with logprobs."""
+        return record_to_host(self._last_rec, token, self._lp_n)
+
+    def run_ahead(self, first: int, sampled: bool = False, logprobs: bool = False) -> Iterator[int]:
         """Decode from ``first``, each step's input being the previous step's device choice, with one step
         always in flight: step n + 1 is enqueued before the token of step n is waited for and yielded, so the
         caller's per-token host work (detokenizing, streaming) overlaps the GPU instead of adding to it.
@@ -204,8 +232,10 @@ class CudaRunner:
         self._set_token(first)
 
         def enqueue(n: int) -> None:
-            self._replay(sampled)
+            self._replay(sampled, logprobs)
             self.model.buf.tokens[:1].copy_to_host(self._ahead_tok[n % 2], stream=self.stream)
+            if logprobs:
+                self.lp_ws.rec.copy_to_host(self._ahead_rec[n % 2], stream=self.stream)
             self._ahead_done[n % 2].record(self.stream)
 
         enqueue(0)
@@ -215,6 +245,7 @@ class CudaRunner:
             if more:
                 enqueue(n + 1)
             self._ahead_done[n % 2].synchronize()
+            self._last_rec = self._ahead_rec[n % 2]    # read by last_logprob before the slot is reused
             yield int(self._ahead_tok[n % 2][0])
             if not more:
                 return
@@ -226,22 +257,23 @@ class CudaRunner:
         self.penalty_counts.copy_to_device(np.ascontiguousarray(window, np.int32), stream=self.stream)
         self.sample_params.copy_to_device(pack_sample_params(**params), stream=self.stream)
 
-    def prefill_sampled(self, ids: list[int], mask: np.ndarray | None = None) -> int:
-        """Run the prompt and draw the first token on the device (under ``mask``, see decode_sampled)."""
+    def prefill_sampled(self, ids: list[int], mask: np.ndarray | None = None, logprobs: bool = False) -> int:
+        """Run the prompt and draw the first token on the device (under ``mask``, see decode_sampled); with
+        logprobs its record is then read by last_logprob."""
         self._check_room(len(ids))
         self._run_tokens(np.asarray(ids, np.int32), self.state)
         self._load_mask(mask)
-        self._pick_kernels(sampled=True)
-        return self._read_token()
+        self._pick_kernels(sampled=True, logprobs=logprobs)
+        return self._read_token(logprobs)
 
-    def decode_sampled(self, token: int, mask: np.ndarray | None = None) -> int:
+    def decode_sampled(self, token: int, mask: np.ndarray | None = None, logprobs: bool = False) -> int:
         """One sampled graph replay from ``token``; the drawn token is read back. mask: a grammar's allowed set
         as TokenConstraint.bitmask packs it (int32 [ceil(V/32)]), drawn under when the sampler settings were
         loaded with masked=True. One step at a time: the next mask needs this token."""
         self._set_token(token)
         self._load_mask(mask)
-        self._replay(sampled=True)
-        return self._read_token()
+        self._replay(sampled=True, logprobs=logprobs)
+        return self._read_token(logprobs)
 
     def _load_mask(self, mask: np.ndarray | None) -> None:
         if mask is not None:

@@ -157,35 +157,49 @@ class LLM:
         Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
         argmax and other settings run the device sampler when a single penalty window fits
         (engine/sampling.py), both through run_ahead (the sent-in token is then the device's own choice
-        already); under a grammar the device draws one step at a time, each under the grammar's packed mask;
-        everything else (logprobs, two penalty windows) picks on the host from logits copied back.
+        already); under a grammar the device draws one step at a time, each under the grammar's packed mask.
+        With logprobs, a runner that computes them on the device (kernels/sample/logprobs.py) adds each pick's
+        record to the sampler's log. Everything else (two penalty windows, logprobs on a runner without device
+        logprobs) picks on the host from logits copied back.
         """
         r = self.runner
-        on_device = getattr(r, "supports_device_sampling", False) and not sampler.needs_host
+        logprobs = sampler.p.logprobs is not None
+        on_device = getattr(r, "supports_device_sampling", False) and (
+            not logprobs or getattr(r, "supports_device_logprobs", False))
         window = sampler.device_window() if on_device else None
+        if on_device and logprobs:
+            r.start_logprobs(sampler.p.logprobs)
+
+        def note(tok: int) -> None:           # the device's record of the token it just picked
+            if logprobs:
+                sampler.logprob_log.append(r.last_logprob(tok))
+
         if on_device and sampler.constraint is not None and window is not None:
             # the device draws under the grammar's mask; the next mask needs this token, so no step runs ahead
             n_vocab = self.config.n_vocab
             r.start_sampling(window, sampler.device_params())
-            tok = r.prefill_sampled(ids, mask=sampler.mask_words(n_vocab))
+            tok = r.prefill_sampled(ids, mask=sampler.mask_words(n_vocab), logprobs=logprobs)
             while True:
+                note(tok)
                 sampler.record_masked(tok)
-                tok = r.decode_sampled((yield tok), mask=sampler.mask_words(n_vocab))
+                tok = r.decode_sampled((yield tok), mask=sampler.mask_words(n_vocab), logprobs=logprobs)
         elif on_device and sampler.constraint is None and (sampler.is_plain_greedy or window is not None):
             # the device picks every token and the next step is queued before the host sees this one
             sampled = not sampler.is_plain_greedy
             if sampled:
                 r.start_sampling(window, sampler.device_params())
-                tok = r.prefill_sampled(ids)
+                tok = r.prefill_sampled(ids, logprobs=logprobs)
+                note(tok)
                 sampler.record(tok)
             else:
-                tok = sampler.pick(r.prefill(ids))
+                tok = sampler.pick(r.prefill(ids))     # the host's argmax (and logprobs) of the copied logits
             yield tok
-            for tok in r.run_ahead(tok, sampled=sampled):
+            for tok in r.run_ahead(tok, sampled=sampled, logprobs=logprobs):
+                note(tok)
                 if sampled:
                     sampler.record(tok)
                 yield tok
-        elif sampler.is_plain_greedy and sampler.constraint is None and not sampler.needs_host:
+        elif sampler.is_plain_greedy and sampler.constraint is None and not logprobs:
             tok = sampler.pick(r.prefill(ids))
             while True:
                 tok = r.decode_greedy((yield tok))

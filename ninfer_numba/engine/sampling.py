@@ -14,7 +14,7 @@ A grammar (``constraint``, engine/constraint.py) sets every token it forbids to 
 advances on the chosen one; the device sampler does the same from the packed mask (``mask_words``), one step
 at a time. ``logprobs`` records each chosen token's log-probability under the model (the log-softmax of the
 raw logits, before penalties, temperature and grammar, as vLLM reports them) with the ``logprobs`` most likely
-alternatives; requests that ask for them pick on the host, from logits copied back.
+alternatives; the cuda runner computes the same on the device (kernels/sample/logprobs.py).
 """
 from __future__ import annotations
 
@@ -70,11 +70,6 @@ class Sampler:
     @property
     def has_presence_frequency(self) -> bool:
         return bool(self.p.presence_penalty or self.p.frequency_penalty)
-
-    @property
-    def needs_host(self) -> bool:
-        """logprobs: every pick on the host (module docstring)."""
-        return self.p.logprobs is not None
 
     def mask_words(self, n_vocab: int) -> np.ndarray:
         """The grammar's allowed set for the next draw, packed for the device sampler."""

@@ -108,3 +108,35 @@ def test_token_logprob_ties_at_the_cut_take_the_lower_ids():
     x = np.zeros(1000, np.float32)
     x[[700, 3]] = 1.0
     assert [t for t, _ in token_logprob(x, 5, 4).top] == [3, 700, 0, 1]
+
+
+@pytest.mark.gpu
+def test_gpu_device_logprobs_equal_the_host_ones(tmp_path, monkeypatch):
+    """Greedy: the device's records (kernels/sample/logprobs.py, through run_ahead) against token_logprob of
+    the same decode graph's logits copied back (the host route, forced): same tokens, same top ids, the
+    log-probabilities to float64 rounding. Sampled: each record is consistent with its own token."""
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    if SIMULATOR or not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    from ninfer_numba.engine.cuda_runner import CudaRunner
+    from tests.gguf_factory import QT, tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    llm = LLM(path, backend="cuda", max_seq=64, prefill_chunk=32)
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, logprobs=5)
+    device = llm.generate(PROMPT, greedy)
+    monkeypatch.setattr(CudaRunner, "supports_device_logprobs", False)
+    host = llm.generate(PROMPT, greedy)
+    assert device.token_ids == host.token_ids and len(device.logprobs) == 10
+    for d, h in zip(device.logprobs, host.logprobs):
+        assert d.token == h.token and [t for t, _ in d.top] == [t for t, _ in h.top]
+        np.testing.assert_allclose([d.logprob] + [v for _, v in d.top], [h.logprob] + [v for _, v in h.top],
+                                   rtol=0, atol=1e-9)
+    monkeypatch.setattr(CudaRunner, "supports_device_logprobs", True)
+    sampled = llm.generate(PROMPT, SamplingParams(max_tokens=10, temperature=1.0, seed=5, logprobs=3))
+    for e in sampled.logprobs:
+        vals = [v for _, v in e.top]
+        assert vals == sorted(vals, reverse=True) and e.logprob <= vals[0] + 1e-12
+        if e.token in [t for t, _ in e.top]:
+            assert e.logprob == dict(e.top)[e.token]

@@ -12,35 +12,55 @@ import pytest
 
 from ninfer_numba import LLM, SamplingParams
 from ninfer_numba.engine.cpu_runner import CpuRunner
-from ninfer_numba.engine.sampling import Sampler
+from ninfer_numba.engine.sampling import Sampler, token_logprob
 from ninfer_numba.kernels.sample.ref import apply_penalties_ref, philox_uniform, sample_ref
 
 
 class DeviceEmulatingRunner(CpuRunner):
+    """The cuda runner's sampling protocol on the CPU: device draws (the reference arithmetic), a grammar's
+    packed mask, logprobs records (engine/sampling.py's token_logprob, which the device kernel matches)."""
     supports_device_sampling = True
+    supports_device_logprobs = True
 
     def start_sampling(self, window, params):
         self.window, self.params, self.device_draws = window.copy(), dict(params), 0
 
-    def _pick(self, logits):
-        p = self.params
-        x = apply_penalties_ref(logits, self.window, p["repetition"], p["presence"], p["frequency"])
-        tok = sample_ref(x, p["temperature"], p["top_k"], p["top_p"], p["min_p"],
-                         philox_uniform(p["seed"], p["step"]))
-        p["step"] += 1                      # the kernel advances its draw counter
-        self.window[tok] += 1               # update_counts
-        self.device_draws += 1
+    def start_logprobs(self, n_top):
+        self.n_top = n_top
+
+    def last_logprob(self, token):
+        assert self.last.token == token
+        return self.last
+
+    def _pick(self, logits, mask=None, logprobs=False, sampled=True):
+        if not sampled:
+            tok = int(np.argmax(logits))
+        else:
+            p = self.params
+            x = apply_penalties_ref(logits, self.window, p["repetition"], p["presence"], p["frequency"])
+            if mask is not None:
+                allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[:x.shape[0]].astype(bool)
+                x = np.where(allowed, x, np.float32(-np.inf))
+            tok = sample_ref(x, p["temperature"], p["top_k"], p["top_p"], p["min_p"],
+                             philox_uniform(p["seed"], p["step"]))
+            p["step"] += 1                      # the kernel advances its draw counter
+            self.window[tok] += 1               # update_counts
+            self.device_draws += 1
+        if logprobs:
+            self.last = token_logprob(logits, tok, self.n_top)
         return tok
 
-    def prefill_sampled(self, ids):
-        return self._pick(self.prefill(ids))
+    def prefill_sampled(self, ids, mask=None, logprobs=False):
+        return self._pick(self.prefill(ids), mask, logprobs)
 
-    def run_ahead(self, first, sampled=False):
+    def decode_sampled(self, token, mask=None, logprobs=False):
+        return self._pick(self.decode(token), mask, logprobs)
+
+    def run_ahead(self, first, sampled=False, logprobs=False):
         """The CUDA runner's loop without the overlap: each step feeds back its own choice."""
         tok = first
         while True:
-            logits = self.decode(tok)
-            tok = self._pick(logits) if sampled else int(np.argmax(logits))
+            tok = self._pick(self.decode(tok), logprobs=logprobs, sampled=sampled)
             yield tok
 
 
@@ -111,3 +131,45 @@ def test_greedy_takes_the_lowest_index_of_a_tie():
     s = Sampler(SamplingParams(), 4)
     assert s.is_plain_greedy and s.pick(np.float32([1.0, 3.0, 3.0, 0.0])) == 1
     assert not Sampler(SamplingParams(frequency_penalty=0.1), 4).is_plain_greedy
+
+
+class OnlyEvenTokens:
+    """A grammar that allows the even ids below 64 (a stand-in for engine/constraint.py's TokenConstraint)."""
+
+    def __init__(self, n_vocab):
+        self.mask = np.zeros(n_vocab, bool)
+        self.mask[0:64:2] = True
+        self.seen = []
+
+    def allowed(self):
+        return self.mask
+
+    def bitmask(self, n_vocab):
+        bits = np.zeros(-(-n_vocab // 32) * 32, bool)
+        bits[:len(self.mask)] = self.mask
+        return np.packbits(bits, bitorder="little").view(np.int32)
+
+    def advance(self, token):
+        assert self.mask[token], token
+        self.seen.append(token)
+
+
+@pytest.mark.parametrize("cfg", [dict(temperature=0.0), dict(temperature=0.9, top_k=20, seed=5),
+                                 dict(temperature=0.7, repetition_penalty=1.3, seed=7)], ids=["greedy", "k20", "rep"])
+@pytest.mark.parametrize("with_grammar", [False, True], ids=["free", "grammar"])
+def test_device_logprobs_and_grammar_routes_equal_the_host(tiny_novocab, cfg, with_grammar):
+    """With logprobs (and a grammar), the device route (records after each device pick, masked draws one step
+    at a time) gives the host route's tokens and log-probabilities exactly."""
+    prompt = [3, 3, 17, 200, 17, 9]
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=4, **cfg)
+    host_llm = LLM(tiny_novocab, backend="cpu")
+    host_grammar = OnlyEvenTokens(host_llm.config.n_vocab) if with_grammar else None
+    host = host_llm.generate(prompt, params, constraint=host_grammar)
+    llm = LLM(tiny_novocab, backend="cpu")
+    llm.runner = DeviceEmulatingRunner(llm.weights, llm.max_seq)
+    grammar = OnlyEvenTokens(llm.config.n_vocab) if with_grammar else None
+    dev = llm.generate(prompt, params, constraint=grammar)
+    assert dev.token_ids == host.token_ids and dev.logprobs == host.logprobs and len(dev.logprobs) == 10
+    if with_grammar:
+        assert grammar.seen == dev.token_ids and all(t % 2 == 0 and t < 64 for t in dev.token_ids)
+        assert llm.runner.device_draws == 10            # every token drawn on the device, under the mask
