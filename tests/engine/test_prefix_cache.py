@@ -94,3 +94,43 @@ def test_gpu_snapshots_restore_the_state(tmp_path):
     ref_int8 = e.forward(prompt, e.new_state(len(prompt)))[-1]
     bound = 2 * max(_rel(ref_int8, ref_float), _rel(fresh, ref_float))
     assert _rel(reused, ref_float) <= bound, (_rel(reused, ref_float), bound)
+
+
+@pytest.mark.cudasim
+def test_cuda_snapshot_copies_rows_below_the_position_and_the_states(tmp_path):
+    """CudaSnapshot (engine/cuda_runner.py) on a SequenceState of the GPU model tests' shapes: KV rows < pos
+    and every GDN state are copied out, later changes do not reach the copy, and restoring brings them back
+    with the position (device and host)."""
+    from ninfer_numba.engine.cuda_runner import CudaSnapshot
+    from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+    from ninfer_numba.model.qwen35 import SequenceState
+    from ninfer_numba.model.weights import open_model
+    from tests.gguf_factory import tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    if not SIMULATOR:
+        pytest.skip("simulator test (the GPU runs test_gpu_snapshots_restore_the_state)")
+    c = open_model(write_gguf(tmp_path / "m.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(2)))).config
+    stream = cuda.stream()
+    st = SequenceState(c, 12, stream)
+    rng = np.random.default_rng(4)
+    fill = {}
+    for name in ("k_cache", "v_cache", "conv", "ssm"):
+        for i, a in getattr(st, name).items():
+            fill[name, i] = rng.standard_normal(a.shape).astype(a.dtype)
+            a.copy_to_device(fill[name, i])
+    st.host_pos = 5
+    snap = CudaSnapshot(st, stream)
+    for name in ("k_cache", "v_cache", "conv", "ssm"):
+        for a in getattr(st, name).values():
+            a.copy_to_device(np.zeros(a.shape, a.dtype))
+    st.host_pos = 0
+    snap.restore_into(st, stream)
+    assert st.host_pos == 5 and int(st.pos.copy_to_host()[0]) == 5
+    for (name, i), want in fill.items():
+        got = getattr(st, name)[i].copy_to_host()
+        if name in ("k_cache", "v_cache"):
+            np.testing.assert_array_equal(got[:, :5], want[:, :5])
+            assert (got[:, 5:] == 0).all()                 # rows past the position are not part of it
+        else:
+            np.testing.assert_array_equal(got, want)
+    assert snap.nbytes == sum(a.nbytes for d in (snap.k, snap.v, snap.conv, snap.ssm) for a in d.values())
