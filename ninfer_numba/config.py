@@ -232,6 +232,8 @@ class EngineConfig:
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
     prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)
+    prefix_cache_mb: int = 1024    # snapshots of states at prompt prefixes, reused across requests; 0: off
+    snapshot_every: int = 2048     # a snapshot at every multiple of this many prompt tokens (prefix_cache.py)
     device: int = 0
 
     def __post_init__(self) -> None:
@@ -241,6 +243,8 @@ class EngineConfig:
             raise ValueError("max_seq must be >= 1")
         if self.prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
+        if self.prefix_cache_mb < 0 or self.snapshot_every < 1:
+            raise ValueError("prefix_cache_mb must be >= 0 and snapshot_every >= 1")
         if self.gemm not in ("auto", "w8a16", "mma", "dp4a"):
             raise ValueError(f"gemm must be auto, w8a16, mma or dp4a, not {self.gemm!r}")
         if self.kv_type not in KV_CACHE_TYPES:

@@ -2,11 +2,23 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from ninfer_numba.model.reference import ReferenceModel
 from ninfer_numba.model.weights import ModelWeights
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """The state after ``pos`` tokens: KV rows < pos and the GDN states, copied (engine/prefix_cache.py)."""
+    pos: int
+    k: dict
+    v: dict
+    conv: dict
+    ssm: dict
+    nbytes: int
 
 
 class CpuRunner:
@@ -25,6 +37,22 @@ class CpuRunner:
     def position(self) -> int:
         """Tokens the state holds."""
         return self.state.pos
+
+    def snapshot(self) -> CpuSnapshot:
+        st, p = self.state, self.state.pos
+        parts = [{i: a[:p].copy() for i, a in st.k_cache.items()}, {i: a[:p].copy() for i, a in st.v_cache.items()},
+                 {i: a.copy() for i, a in st.conv.items()}, {i: a.copy() for i, a in st.ssm.items()}]
+        return CpuSnapshot(p, *parts, nbytes=sum(a.nbytes for d in parts for a in d.values()))
+
+    def restore(self, snap: CpuSnapshot) -> None:
+        self.state = st = self.model.new_state(self.max_seq)
+        st.pos = snap.pos
+        for i in snap.k:
+            st.k_cache[i][:snap.pos] = snap.k[i]
+            st.v_cache[i][:snap.pos] = snap.v[i]
+        for i in snap.conv:
+            st.conv[i][...] = snap.conv[i]
+            st.ssm[i][...] = snap.ssm[i]
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Run the prompt; returns the last position's logits [V]."""

@@ -9,7 +9,8 @@ Prefix reuse: the runner's state after a generation holds exactly the tokens it 
 generated tokens fed back). When the next prompt extends that sequence, as the next turn of a chat does, the
 state is kept and only the new tokens are prefilled (``last_cached_tokens`` says how many were reused). A
 Gated DeltaNet state exists only at the position it has reached, so a prompt that departs from the previous
-sequence anywhere starts over.
+sequence anywhere starts over, unless a snapshot of the state at one of its prefixes is in the prefix cache
+(engine/prefix_cache.py: taken at fixed multiples inside every prompt and at its last-but-one token).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ninfer_numba.config import EngineConfig, SamplingParams
+from ninfer_numba.engine.prefix_cache import PrefixCache
 from ninfer_numba.engine.sampling import Sampler
 from ninfer_numba.model.weights import open_model
 
@@ -71,6 +73,9 @@ class LLM:
             raise ValueError(f"unknown backend {backend!r}")
         self.load_seconds = time.perf_counter() - t0
         self._fed: list[int] = []          # the tokens whose effect the runner's state holds, in order
+        e = self.engine_config
+        self.prefix_cache = PrefixCache(e.prefix_cache_mb << 20, e.snapshot_every) \
+            if e.prefix_cache_mb and hasattr(self.runner, "snapshot") else None
         self.last_cached_tokens = 0        # prompt tokens the last stream() reused instead of prefilling
         self.last_logprobs: list = []      # the last stream()'s TokenLogprob entries (params.logprobs set)
 
@@ -119,7 +124,7 @@ class LLM:
         if params.max_tokens == 0:
             return
         stops = self.stop_ids(params)
-        rest = self._continue_or_reset(ids)
+        rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids))
         generated: list[int] = []
         try:
             step = self._token_steps(sampler, rest)
@@ -144,6 +149,28 @@ class LLM:
             return ids[n:]
         self._reset()
         return ids
+
+    def _resume_from_snapshots(self, ids: list[int], rest: list[int]) -> list[int]:
+        """With a prefix cache: restore its longest snapshot of ids if that beats the live state's reuse, then
+        prefill up to each snapshot boundary of the prompt and keep a snapshot there. Returns the tokens still
+        to run (at least the last one, whose logits the first pick needs)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return rest
+        start = len(ids) - len(rest)
+        hit = cache.longest(ids)
+        if hit is not None and hit[0] > start:
+            start, snap = hit
+            self.runner.restore(snap)
+            self._fed = ids[:start]
+            self.last_cached_tokens = start
+        for b in cache.boundaries(start, len(ids)):
+            self.runner.prefill(ids[start:b])
+            start = b
+            self._fed = ids[:b]
+            if not cache.has(ids[:b]):
+                cache.put(ids[:b], self.runner.snapshot())
+        return ids[start:]
 
     def _reset(self) -> None:
         self.runner.reset()

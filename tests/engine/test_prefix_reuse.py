@@ -1,7 +1,8 @@
 """Prefix reuse (engine/llm.py): a prompt that extends the previous sequence runs only its new tokens, and
 computes what a fresh run computes; anything else starts over.
 
-CPU backend on the tiny synthetic model; the GPU variant (marked gpu) runs the same checks on the cuda
+The prefix cache of snapshots is off here (its own tests are in test_prefix_cache.py). CPU backend on the
+tiny synthetic model; the GPU variant (marked gpu) runs the same checks on the cuda
 runner, whose device sampling and run-ahead feed tokens the host has not seen yet.
 """
 import asyncio
@@ -18,6 +19,7 @@ SAMPLED = SamplingParams(max_tokens=6, temperature=0.9, top_k=40, seed=7, ignore
 
 
 def _backend_llm(path, backend, **kw):
+    kw.setdefault("prefix_cache_mb", 0)              # the live state alone (tests/engine/test_prefix_cache.py)
     if backend == "cuda":
         from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
         if SIMULATOR or not gpu_available():
@@ -87,19 +89,19 @@ def check_extension(path, backend, params):
 def test_logits_after_reuse_equal_a_fresh_run(tiny_model):
     """The state kept across calls is the state a fresh prefill builds (up to float32 rounding of a split
     prefill): the last-position logits of the extended prompt agree."""
-    llm = LLM(tiny_model, backend="cpu", max_seq=128)
+    llm = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0)
     first = llm.generate(PROMPT, GREEDY)
     prompt2 = PROMPT + first.token_ids + [11, 12]
     rest = llm._continue_or_reset(prompt2)
     assert llm.last_cached_tokens > len(PROMPT) and len(rest) < len(prompt2)
     reused = llm.runner.prefill(rest)
-    fresh = LLM(tiny_model, backend="cpu", max_seq=128).logits(prompt2)[-1]
+    fresh = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0).logits(prompt2)[-1]
     np.testing.assert_allclose(reused, fresh, rtol=1e-4, atol=1e-4 * np.abs(fresh).max())
 
 
 @pytest.mark.parametrize("other", ["diverges", "same", "shorter"])
 def test_anything_but_an_extension_starts_over(tiny_model, other):
-    llm = LLM(tiny_model, backend="cpu", max_seq=128)
+    llm = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0)
     first = llm.generate(PROMPT, GREEDY)
     seq = PROMPT + first.token_ids[:-1]
     prompt2 = {"diverges": seq[:4] + [99] + seq[5:] + [3], "same": seq, "shorter": seq[:-2]}[other]
@@ -108,14 +110,14 @@ def test_anything_but_an_extension_starts_over(tiny_model, other):
 
 
 def test_logits_and_benchmarks_forget_the_sequence(tiny_model):
-    llm = LLM(tiny_model, backend="cpu", max_seq=128)
+    llm = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0)
     first = llm.generate(PROMPT, GREEDY)
     llm.logits([1, 2, 3])
     assert llm.generate(PROMPT + first.token_ids + [4], GREEDY).cached_tokens == 0
 
 
 def test_reuse_can_be_turned_off(tiny_model):
-    llm = LLM(tiny_model, backend="cpu", max_seq=128, prefix_reuse=False)
+    llm = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0, prefix_reuse=False)
     first = llm.generate(PROMPT, GREEDY)
     assert llm.generate(PROMPT + first.token_ids + [4], GREEDY).cached_tokens == 0
 
@@ -125,7 +127,7 @@ def test_server_usage_reports_the_reused_tokens(tiny_model):
     from ninfer_numba.server.responses import usage
     from ninfer_numba.server.worker import Finished, Job, PlainTextParser, run_job
 
-    llm = LLM(tiny_model, backend="cpu", max_seq=128)
+    llm = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0)
     ids = llm.tokenizer.encode("Hello there")
     first = llm.generate(ids, GREEDY)
     loop = asyncio.new_event_loop()

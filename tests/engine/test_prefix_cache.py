@@ -1,0 +1,136 @@
+"""Snapshots at prompt prefixes (engine/prefix_cache.py) reused across requests, on the CPU backend: a prompt
+that shares a prefix with an earlier one, even after another request replaced the state, restores the
+longest snapshot and prefills the rest; what it computes equals a fresh run; the cache keeps to its budget."""
+import numpy as np
+import pytest
+
+from ninfer_numba.config import SamplingParams
+from ninfer_numba.engine.llm import LLM
+from ninfer_numba.engine.prefix_cache import PrefixCache
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+SYSTEM = np.random.default_rng(0).integers(0, 5000, 40).tolist()       # a shared "system prompt"
+
+
+def _llm(path, **kw):
+    kw.setdefault("snapshot_every", 16)
+    return LLM(path, backend="cpu", max_seq=256, **kw)
+
+
+def test_clients_sharing_a_prefix_prefill_it_once(tiny_model):
+    llm = _llm(tiny_model)
+    a = llm.generate(SYSTEM + [11, 12, 13], GREEDY)
+    b = llm.generate(SYSTEM + [21, 22], GREEDY)          # diverges after SYSTEM: the live state cannot serve
+    assert a.cached_tokens == 0 and b.cached_tokens == 32       # the snapshot at 2 x 16 tokens
+    fresh = _llm(tiny_model, prefix_cache_mb=0).generate(SYSTEM + [21, 22], GREEDY)
+    assert b.token_ids == fresh.token_ids
+    again = llm.generate(SYSTEM + [11, 12, 13], GREEDY)   # A's prompt again: its last-but-one snapshot
+    assert again.cached_tokens == len(SYSTEM) + 2 and again.token_ids == a.token_ids
+
+
+def test_restored_state_gives_the_fresh_logits(tiny_model):
+    llm = _llm(tiny_model)
+    llm.generate(SYSTEM + [11], GREEDY)
+    llm.generate([7, 7, 7], GREEDY)                      # another sequence replaces the state
+    prompt = SYSTEM + [30, 31]
+    rest = llm._resume_from_snapshots(prompt, llm._continue_or_reset(prompt))
+    assert llm.last_cached_tokens == len(SYSTEM) and rest == prompt[-1:]     # SYSTEM: the first one's snapshot
+    reused = llm.runner.prefill(rest)
+    fresh = _llm(tiny_model, prefix_cache_mb=0).logits(prompt)[-1]
+    np.testing.assert_allclose(reused, fresh, rtol=1e-4, atol=1e-4 * np.abs(fresh).max())
+
+
+def test_budget_evicts_least_recently_used():
+    class Snap:
+        def __init__(self, n):
+            self.nbytes = n
+    cache = PrefixCache(budget_bytes=100, every=8)
+    cache.put([1, 2], Snap(40))
+    cache.put([1, 2, 3], Snap(40))
+    assert cache.longest([1, 2, 9])[0] == 2               # [1, 2] is now the most recently used
+    cache.put([5, 6], Snap(40))                           # over budget: [1, 2, 3] goes
+    assert cache.stats() == {"entries": 2, "bytes": 80, "hits": 1, "misses": 0, "evictions": 1}
+    assert cache.longest([1, 2, 3, 4])[0] == 2 and cache.longest([9]) is None
+    cache.put([7], Snap(101))                             # larger than the whole budget: not kept
+    assert len(cache) == 2 and not cache.has([7])
+    assert cache.boundaries(0, 20) == [8, 16, 19] and cache.boundaries(16, 20) == [19]
+    assert cache.boundaries(0, 1) == []
+    with pytest.raises(ValueError):
+        PrefixCache(budget_bytes=-1, every=8)
+
+
+def test_a_small_budget_still_answers_correctly(tiny_model):
+    llm = _llm(tiny_model, prefix_cache_mb=1)
+    outs = [llm.generate(SYSTEM + [i], GREEDY).token_ids for i in range(3)]
+    fresh = [_llm(tiny_model, prefix_cache_mb=0).generate(SYSTEM + [i], GREEDY).token_ids for i in range(3)]
+    assert outs == fresh and llm.prefix_cache.nbytes <= 1 << 20
+
+
+@pytest.mark.gpu
+def test_gpu_snapshots_restore_the_state(tmp_path):
+    """The cuda runner's snapshots (device copies of KV rows and GDN states): after another sequence, a prompt
+    sharing a prefix restores it, and its last-position logits are as close to the float reference as a
+    fresh GPU run's (within twice that distance or the int8 emulation's, whichever is larger)."""
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    if SIMULATOR or not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    from ninfer_numba.model.reference import ReferenceModel
+    from tests.gguf_factory import QT, tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC, _rel
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    system = np.random.default_rng(1).integers(0, SPEC.n_vocab, 40).tolist()
+    llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, snapshot_every=16)
+    llm.generate(system + [11], GREEDY)
+    llm.generate([7, 7, 7], GREEDY)
+    prompt = system + [30, 31]
+    rest = llm._resume_from_snapshots(prompt, llm._continue_or_reset(prompt))
+    assert llm.last_cached_tokens == len(system) and rest == prompt[-1:]
+    reused = llm.runner.prefill(rest)
+    fresh = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, prefix_cache_mb=0).logits(prompt)[-1]
+    f = ReferenceModel(llm.weights)
+    ref_float = f.forward(prompt, f.new_state(len(prompt)))[-1]
+    e = ReferenceModel(llm.weights, emulate_int8=True)
+    ref_int8 = e.forward(prompt, e.new_state(len(prompt)))[-1]
+    bound = 2 * max(_rel(ref_int8, ref_float), _rel(fresh, ref_float))
+    assert _rel(reused, ref_float) <= bound, (_rel(reused, ref_float), bound)
+
+
+@pytest.mark.cudasim
+def test_cuda_snapshot_copies_rows_below_the_position_and_the_states(tmp_path):
+    """CudaSnapshot (engine/cuda_runner.py) on a SequenceState of the GPU model tests' shapes: KV rows < pos
+    and every GDN state are copied out, later changes do not reach the copy, and restoring brings them back
+    with the position (device and host)."""
+    from ninfer_numba.engine.cuda_runner import CudaSnapshot
+    from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+    from ninfer_numba.model.qwen35 import SequenceState
+    from ninfer_numba.model.weights import open_model
+    from tests.gguf_factory import tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    if not SIMULATOR:
+        pytest.skip("simulator test (the GPU runs test_gpu_snapshots_restore_the_state)")
+    c = open_model(write_gguf(tmp_path / "m.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(2)))).config
+    stream = cuda.stream()
+    st = SequenceState(c, 12, stream)
+    rng = np.random.default_rng(4)
+    fill = {}
+    for name in ("k_cache", "v_cache", "conv", "ssm"):
+        for i, a in getattr(st, name).items():
+            fill[name, i] = rng.standard_normal(a.shape).astype(a.dtype)
+            a.copy_to_device(fill[name, i])
+    st.host_pos = 5
+    snap = CudaSnapshot(st, stream)
+    for name in ("k_cache", "v_cache", "conv", "ssm"):
+        for a in getattr(st, name).values():
+            a.copy_to_device(np.zeros(a.shape, a.dtype))
+    st.host_pos = 0
+    snap.restore_into(st, stream)
+    assert st.host_pos == 5 and int(st.pos.copy_to_host()[0]) == 5
+    for (name, i), want in fill.items():
+        got = getattr(st, name)[i].copy_to_host()
+        if name in ("k_cache", "v_cache"):
+            np.testing.assert_array_equal(got[:, :5], want[:, :5])
+            assert (got[:, 5:] == 0).all()                 # rows past the position are not part of it
+        else:
+            np.testing.assert_array_equal(got, want)
+    assert snap.nbytes == sum(a.nbytes for d in (snap.k, snap.v, snap.conv, snap.ssm) for a in d.values())
