@@ -17,9 +17,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.records import BenchTest
+from ninfer_numba.kernels.kvq.ref import KV_TYPES, vector_bytes
 
 # Bytes per cached K or V value for each KV type (Q8_0: fp16 scale + 32 int8 per 32 values).
-KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8": 34 / 32, "q8_0": 34 / 32}
+KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8": 34 / 32, "q8_0": 34 / 32, "q4_0": 18 / 32,
+                      # our coded caches at head size 256 (the models' attention heads): key and value averaged
+                      **{t: sum(vector_bytes(t, 256)) / 512 for t in KV_TYPES}}
 COPY_BYTES = 1 << 30                                   # 1 GiB: far beyond the 60 MB L2
 GEMM_SHAPES = ((512, 4096, 12288), (2048, 4096, 12288), (8192, 4096, 12288))  # (M, K, N) of the 9B FFN
 

@@ -34,6 +34,7 @@ CPU_TESTS = "pp128,pp512,tg16"
 SHAPES = ("tiny", "0.8b", "2b", "4b", "9b", "27b")
 UBATCH_SIZES = "512,1024,2048"
 LLAMACPP_KV_TYPES = {"f16": "f16", "q8": "q8_0", "q8_0": "q8_0"}   # ours -> llama.cpp's -ctk/-ctv name
+LLAMACPP_CACHE_CHOICES = ("f16", "q8_0", "q4_0")
 RESULTS_DIR = llamacpp.REPO_ROOT / "results"
 
 
@@ -51,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per test (>= 1; protocol: >= 3)")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--kv-type", default="f16", help="our KV cache type (llama.cpp runs f16 or q8_0)")
+    parser.add_argument("--llamacpp-kv-type", choices=LLAMACPP_CACHE_CHOICES, default=None,
+                        help="llama.cpp's -ctk/-ctv (default: ours where it has it, else f16)")
     parser.add_argument("--gemm", choices=["auto", "w8a16", "mma", "dp4a"], default="auto",
                         help="our prefill GEMM: w8a16 (Hopper, f16 activations), mma or dp4a (int8 activations)")
     parser.add_argument("--prefill-graphs", choices=["on", "off"], default="on",
@@ -89,12 +92,20 @@ def ensure_model(spec: str, model_dir: Path) -> tuple[str, Path]:
     return label, path
 
 
+def llamacpp_kv_type(ours: str, asked: str | None) -> str:
+    """llama.cpp's cache type for a run: the one asked for, else ours where llama.cpp has it, else f16."""
+    if asked is not None:
+        return asked
+    if ours not in LLAMACPP_KV_TYPES:
+        log(f"llama.cpp has no {ours!r} KV cache; it runs with f16 (recorded in its settings)")
+    return LLAMACPP_KV_TYPES.get(ours, "f16")
+
+
 def llamacpp_commands(binary: Path, model: Path, tests: list[BenchTest], reps: int,
-                      kv_type: str) -> list[list[str]]:
+                      lc_kv: str) -> list[list[str]]:
     """llama-bench invocations covering ``tests`` exactly: prefill tests grouped by depth (with the
     micro-batch sweep), decode tests grouped by n_gen (one -d list)."""
     base = [str(binary), "-m", str(model), "-fa", "1", "-ngl", "99", "-r", str(reps), "-o", "jsonl", "--progress"]
-    lc_kv = LLAMACPP_KV_TYPES.get(kv_type, "f16")
     base += ["-ctk", lc_kv, "-ctv", lc_kv]
     cmds = []
     by_depth: dict[int, list[int]] = {}
@@ -111,13 +122,12 @@ def llamacpp_commands(binary: Path, model: Path, tests: list[BenchTest], reps: i
     return cmds
 
 
-def run_llamacpp(binary: Path, model: Path, tests: list[BenchTest], reps: int, kv_type: str,
+def run_llamacpp(binary: Path, model: Path, tests: list[BenchTest], reps: int, lc_kv: str,
                  raw_path: Path) -> list[dict]:
-    """Run llama-bench; its JSONL goes to ``raw_path`` untouched; returns the best-micro-batch rows."""
-    if kv_type not in LLAMACPP_KV_TYPES:
-        log(f"llama.cpp has no {kv_type!r} KV cache; it runs with f16 (recorded in its settings)")
+    """Run llama-bench with cache type ``lc_kv``; its JSONL goes to ``raw_path`` untouched; returns the
+    best-micro-batch rows."""
     rows = []
-    for cmd in llamacpp_commands(binary, model, tests, reps, kv_type):
+    for cmd in llamacpp_commands(binary, model, tests, reps, lc_kv):
         log("llama-bench " + " ".join(cmd[1:]))
         out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         with open(raw_path, "a") as f:
@@ -217,9 +227,9 @@ def bench_model(spec: str, args: argparse.Namespace, tests: list[BenchTest], bac
         log(f"{label}: llama-bench ({llamacpp.LABEL}) on {path}")
         raw = folder / "llamacpp_raw.jsonl"
         raw.unlink(missing_ok=True)
-        for row in run_llamacpp(binary, path, tests, args.reps, args.kv_type, raw):
+        lc_kv = llamacpp_kv_type(args.kv_type, args.llamacpp_kv_type)
+        for row in run_llamacpp(binary, path, tests, args.reps, lc_kv, raw):
             rec = llama_record(row, context)
-            lc_kv = LLAMACPP_KV_TYPES.get(args.kv_type, "f16")
             rec["roofline"] = roofline(BenchTest(row["n_prompt"], row["n_gen"], row["n_depth"]),
                                        rec["median_tps"], cost, ceilings, lc_kv)
             records.append(rec)

@@ -30,6 +30,9 @@
 #   STAGE=gdn_stalls: where the GDN tensor-core kernels stall, instruction by instruction: one ncu report per
 #               kernel (9B, 8K; full set with source counters), its SASS page as CSV (stall samples per
 #               instruction) and the 40 most-sampled instructions printed; reports under $OUT/logs
+#   STAGE=stalls_kv: gdn_stalls while llama.cpp and two 9B files (vocab-less, and with the vocabulary) build;
+#               then decode at depth 32K: ours f16 and k3v3 beside llama.cpp q8_0 and q4_0 (records in
+#               $OUT/kv_*), and the grammar's cost beside the 9B decode step (structured_output, 20 requests)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -255,7 +258,15 @@ gpu_suite)
   grep -E "^(FAILED|E  )" "$OUT/logs/test_gdn_32k.log" | cut -c1-300 | head
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
-gdn_stalls)
+gdn_stalls|stalls_kv)
+  if [ "$STAGE" = stalls_kv ]; then
+    python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+    build=$!
+    python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+    gen=$!
+    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+    genv=$!
+  fi
   for k in ${GDN_KERNELS:-chunk_state_mma chunk_intra_mma}; do
     timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes \
       -o "$OUT/logs/$k" python3 -m benchmarks.kernels.bench_gdn --model 9b --only stages > "$OUT/logs/ncu_$k.log" 2>&1
@@ -264,6 +275,20 @@ gdn_stalls)
     say "SASS page $k (exit $?, $(wc -l < "$OUT/logs/${k}_sass.csv") lines); most-sampled instructions:"
     python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/${k}_sass.csv" --top 40 | cut -c1-200
   done
+  if [ "$STAGE" = stalls_kv ]; then
+    rm -f "$OUT"/logs/*.ncu-rep   # the CSV pages hold what is read; the reports pass the size limit
+    wait $gen; wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+    for pair in f16:q8_0 k3v3:q4_0; do
+      ours=${pair%%:*}; theirs=${pair##*:}
+      timeout 150 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128@d32768 --kv-type $ours \
+        --llamacpp-kv-type $theirs --out $OUT/kv_$ours" > "$OUT/logs/bench_kv_$ours.log" 2>&1
+      say "decode at 32K, ours $ours, llama.cpp $theirs (exit $?)"; grep -E "^\| 9b|t/s" "$OUT/logs/bench_kv_$ours.log" | tail -4
+    done
+    wait $genv
+    timeout 120 python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda -n 20 \
+      > "$OUT/logs/structured_9b.log" 2>&1
+    say "structured output on the 9B (exit $?):"; tail -8 "$OUT/logs/structured_9b.log"
+  fi
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 ncu)

@@ -38,12 +38,20 @@ def test_llamacpp_commands_match_the_protocol():
 
 
 def test_llamacpp_commands_group_and_map_kv_types():
-    cmds = harness.llamacpp_commands(Path("b"), Path("m"), parse_tests("tg16,pp128,tg32@d64,tg16@d64"), 1, "q8")
+    lc_kv = harness.llamacpp_kv_type("q8", None)
+    cmds = harness.llamacpp_commands(Path("b"), Path("m"), parse_tests("tg16,pp128,tg32@d64,tg16@d64"), 1, lc_kv)
     assert [c[c.index("-p"):c.index("-p") + 6] for c in cmds] == [
         ["-p", "128", "-n", "0", "-d", "0"], ["-p", "0", "-n", "16", "-d", "0,64"], ["-p", "0", "-n", "32", "-d", "64"]]
     assert cmds[0][cmds[0].index("-ctk") + 1] == "q8_0"
-    unsupported = harness.llamacpp_commands(Path("b"), Path("m"), parse_tests("tg16"), 1, "tq3")
-    assert unsupported[0][unsupported[0].index("-ctk") + 1] == "f16"
+    assert harness.llamacpp_kv_type("k3v3", None) == "f16"        # llama.cpp has no such cache
+    assert harness.llamacpp_kv_type("k3v3", "q4_0") == "q4_0"     # asked for explicitly
+
+
+def test_roofline_bytes_of_the_coded_caches():
+    from benchmarks.ceilings import KV_BYTES_PER_VALUE
+    assert KV_BYTES_PER_VALUE["k3v3"] == (96 + 2) / 256            # 3 bits per value plus a float16 norm
+    assert KV_BYTES_PER_VALUE["k4v3"] == (128 + 2 + 96 + 2) / 512
+    assert KV_BYTES_PER_VALUE["k4v4"] < KV_BYTES_PER_VALUE["q4_0"] < KV_BYTES_PER_VALUE["q8_0"]  # 4.06 < 4.5 < 8.5 bits
 
 
 def test_model_path(tmp_path):
