@@ -10,7 +10,7 @@ generated tokens fed back). When the next prompt extends that sequence, as the n
 state is kept and only the new tokens are prefilled (``last_cached_tokens`` says how many were reused). A
 Gated DeltaNet state exists only at the position it has reached, so a prompt that departs from the previous
 sequence anywhere starts over, unless a snapshot of the state at one of its prefixes is in the prefix cache
-(engine/prefix_cache.py: taken at fixed multiples inside every prompt and at its last-but-one token).
+(engine/prefix_cache.py: taken at fixed multiples inside every prompt and after the whole prompt).
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ class LLM:
         rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids))
         generated: list[int] = []
         try:
-            step = self._token_steps(sampler, rest)
+            step = self._token_steps(sampler, rest, lambda: self._snapshot(ids))
             tok = next(step)
             for n in range(params.max_tokens):
                 generated.append(tok)
@@ -172,14 +172,20 @@ class LLM:
                 cache.put(ids[:b], self.runner.snapshot())
         return ids[start:]
 
+    def _snapshot(self, ids: list[int]) -> None:
+        """Keep the state after the whole prompt ids (its prefill has run, no generated token yet)."""
+        cache = self.prefix_cache
+        if cache is not None and not cache.has(ids):
+            cache.put(ids, self.runner.snapshot())
+
     def _reset(self) -> None:
         self.runner.reset()
         self._fed = []
         self.last_cached_tokens = 0
 
-    def _token_steps(self, sampler: Sampler, ids: list[int]) -> Iterator[int]:
+    def _token_steps(self, sampler: Sampler, ids: list[int], prefilled=lambda: None) -> Iterator[int]:
         """Generator: runs ``ids`` from the runner's current state, yields the first token after them, then one
-        token per token sent in.
+        token per token sent in; ``prefilled()`` runs once ids have run, before any generated token does.
 
         Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
         argmax and other settings run the device sampler when a single penalty window fits
@@ -206,6 +212,7 @@ class LLM:
             n_vocab = self.config.n_vocab
             r.start_sampling(window, sampler.device_params())
             tok = r.prefill_sampled(ids, mask=sampler.mask_words(n_vocab), logprobs=logprobs)
+            prefilled()
             while True:
                 note(tok)
                 sampler.record_masked(tok)
@@ -216,10 +223,12 @@ class LLM:
             if sampled:
                 r.start_sampling(window, sampler.device_params())
                 tok = r.prefill_sampled(ids, logprobs=logprobs)
+                prefilled()
                 note(tok)
                 sampler.record(tok)
             else:
                 tok = sampler.pick(r.prefill(ids))     # the host's argmax (and logprobs) of the copied logits
+                prefilled()
             yield tok
             for tok in r.run_ahead(tok, sampled=sampled, logprobs=logprobs):
                 note(tok)
@@ -228,10 +237,12 @@ class LLM:
                 yield tok
         elif sampler.is_plain_greedy and sampler.constraint is None and not logprobs:
             tok = sampler.pick(r.prefill(ids))
+            prefilled()
             while True:
                 tok = r.decode_greedy((yield tok))
         else:
             tok = sampler.pick(r.prefill(ids))
+            prefilled()
             while True:
                 tok = sampler.pick(r.decode((yield tok)))
 

@@ -2,10 +2,12 @@
 
 An attention layer's KV cache can be cut at any token, but a Gated DeltaNet layer's state (conv window and
 recurrent matrix) exists only at the position it reached. So a prefix can be resumed only where a snapshot
-was taken: LLM.stream takes one at every multiple of ``every`` tokens inside a prompt and one at the prompt's
-last-but-one token (the prefix the next turn of the same chat, or the same request again, starts with), by
-splitting the prompt's prefill there. A later prompt restores the longest snapshot that is a proper prefix
-of it and prefills the rest: 16 clients sharing a long system prompt prefill it once.
+was taken: LLM.stream takes one at every multiple of ``every`` tokens inside a prompt (by splitting the
+prompt's prefill there) and one after the whole prompt, before the first generated token runs (the prefix the
+next turn of the same chat starts with). A later prompt restores the longest snapshot that is a proper prefix
+of it and prefills the rest: 16 clients sharing a long system prompt prefill it once. The same prompt again
+restores its last multiple of ``every``: its last token must run for its logits, and a snapshot one token
+short of the end would cost every request a one-token step.
 
 Entries are kept least recently used first within ``budget_bytes``; a snapshot larger than the whole budget
 is not kept. What a snapshot holds is the runner's business (``runner.snapshot()`` / ``restore``:
@@ -32,9 +34,10 @@ class PrefixCache:
         return len(self._entries)
 
     def boundaries(self, start: int, n: int) -> list[int]:
-        """Where to snapshot a prompt of n tokens whose first ``start`` are already in the state."""
-        cuts = {k for k in range(self.every, n, self.every)} | ({n - 1} if n > 1 else set())
-        return sorted(b for b in cuts if b > start)
+        """Where to split the prefill of a prompt of n tokens whose first ``start`` are already in the state,
+        for a snapshot: the multiples of ``every`` past start and short of n (the whole prompt's own snapshot
+        is taken after its prefill)."""
+        return list(range((start // self.every + 1) * self.every, n, self.every))
 
     def longest(self, ids: Sequence[int]) -> tuple[int, Any] | None:
         """(n, snapshot) of the longest cached proper prefix ids[:n] (n < len(ids)), counted as a hit or a miss."""

@@ -24,17 +24,21 @@ def test_clients_sharing_a_prefix_prefill_it_once(tiny_model):
     assert a.cached_tokens == 0 and b.cached_tokens == 32       # the snapshot at 2 x 16 tokens
     fresh = _llm(tiny_model, prefix_cache_mb=0).generate(SYSTEM + [21, 22], GREEDY)
     assert b.token_ids == fresh.token_ids
-    again = llm.generate(SYSTEM + [11, 12, 13], GREEDY)   # A's prompt again: its last-but-one snapshot
-    assert again.cached_tokens == len(SYSTEM) + 2 and again.token_ids == a.token_ids
+    turn2 = SYSTEM + [11, 12, 13] + a.token_ids + [14]    # A's next turn: A's whole prompt was kept
+    second = llm.generate(turn2, GREEDY)
+    assert second.cached_tokens == len(SYSTEM) + 3
+    assert second.token_ids == _llm(tiny_model, prefix_cache_mb=0).generate(turn2, GREEDY).token_ids
+    again = llm.generate(SYSTEM + [11, 12, 13], GREEDY)   # A's prompt again: its last multiple of 16
+    assert again.cached_tokens == 32 and again.token_ids == a.token_ids
 
 
 def test_restored_state_gives_the_fresh_logits(tiny_model):
     llm = _llm(tiny_model)
-    llm.generate(SYSTEM + [11], GREEDY)
+    llm.generate(SYSTEM, GREEDY)
     llm.generate([7, 7, 7], GREEDY)                      # another sequence replaces the state
     prompt = SYSTEM + [30, 31]
     rest = llm._resume_from_snapshots(prompt, llm._continue_or_reset(prompt))
-    assert llm.last_cached_tokens == len(SYSTEM) and rest == prompt[-1:]     # SYSTEM: the first one's snapshot
+    assert llm.last_cached_tokens == len(SYSTEM) and rest == prompt[-2:]     # the first prompt's own snapshot
     reused = llm.runner.prefill(rest)
     fresh = _llm(tiny_model, prefix_cache_mb=0).logits(prompt)[-1]
     np.testing.assert_allclose(reused, fresh, rtol=1e-4, atol=1e-4 * np.abs(fresh).max())
@@ -53,8 +57,8 @@ def test_budget_evicts_least_recently_used():
     assert cache.longest([1, 2, 3, 4])[0] == 2 and cache.longest([9]) is None
     cache.put([7], Snap(101))                             # larger than the whole budget: not kept
     assert len(cache) == 2 and not cache.has([7])
-    assert cache.boundaries(0, 20) == [8, 16, 19] and cache.boundaries(16, 20) == [19]
-    assert cache.boundaries(0, 1) == []
+    assert cache.boundaries(0, 20) == [8, 16] and cache.boundaries(16, 20) == [] and cache.boundaries(5, 17) == [8, 16]
+    assert cache.boundaries(0, 8) == [] and cache.boundaries(0, 1) == []
     with pytest.raises(ValueError):
         PrefixCache(budget_bytes=-1, every=8)
 
@@ -81,11 +85,11 @@ def test_gpu_snapshots_restore_the_state(tmp_path):
                       matrix_type=QT.Q8_0)
     system = np.random.default_rng(1).integers(0, SPEC.n_vocab, 40).tolist()
     llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, snapshot_every=16)
-    llm.generate(system + [11], GREEDY)
+    llm.generate(system, GREEDY)
     llm.generate([7, 7, 7], GREEDY)
     prompt = system + [30, 31]
     rest = llm._resume_from_snapshots(prompt, llm._continue_or_reset(prompt))
-    assert llm.last_cached_tokens == len(system) and rest == prompt[-1:]
+    assert llm.last_cached_tokens == len(system) and rest == prompt[-2:]
     reused = llm.runner.prefill(rest)
     fresh = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, prefix_cache_mb=0).logits(prompt)[-1]
     f = ReferenceModel(llm.weights)
