@@ -19,7 +19,8 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   ``ldmatrix_x4_trans(smem, i)``: the same rows, each 8x8 b16 matrix transposed (lane (g, t) receives the
   pair M[2t, g], M[2t+1, g]).
 - ``i32_as_f32(i)``: reinterpret the bits of an int32 as float32 (no conversion instruction).
-- ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``: butterfly shuffle over the full warp.
+- ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``: butterfly shuffle over the full warp;
+  ``shfl_idx_f32(v, src_lane)``: every lane receives lane src_lane's v.
 - ``syncwarp()``: ``bar.warp.sync`` over the full warp (shared-memory writes of each lane visible to all).
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` intrinsics cannot run, so the same names are bound to
@@ -245,11 +246,16 @@ def _make_intrinsics():
         return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
 
     @cuda.jit(device=True, inline=True)
+    def shfl_idx_f32(v, src_lane):
+        return cuda.shfl_sync(FULL_MASK, v, src_lane)
+
+    @cuda.jit(device=True, inline=True)
     def syncwarp():
         cuda.syncwarp(FULL_MASK)
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
+            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
+            syncwarp)
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -432,11 +438,17 @@ def _make_fallbacks():
         return np.float32(vals[lane ^ lane_mask])
 
     @cuda.jit(device=True)
+    def shfl_idx_f32(v, src_lane):
+        lane, vals = _warp_collective(float(v), list)
+        return np.float32(vals[src_lane])
+
+    @cuda.jit(device=True)
     def syncwarp():
         _warp_collective(0, len)
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp)
+            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
+            syncwarp)
 
 
 def _accept_shared_alignment():
@@ -470,5 +482,6 @@ if SIMULATOR:
     _accept_shared_alignment()
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
- cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, syncwarp) = (
+ cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
+ syncwarp) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -39,7 +39,7 @@ from ninfer_numba.kernels.q8.quant_act import quantize_rows, rmsnorm_quant, silu
 from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
 
 
-KVQ_SPLITS = 32                   # split-K blocks per query head of the coded-cache decode attention
+KVQ_SPLITS = 128                  # split-K blocks per KV head of the coded-cache decode attention
 
 
 def kvq_cache_shapes(kv_type: str, Hkv: int, max_seq: int, d: int):

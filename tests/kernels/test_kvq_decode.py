@@ -48,12 +48,25 @@ def test_decode_tiny(k_bits, v_bits):
                  rng=np.random.default_rng(k_bits * 10 + v_bits))
 
 
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
+def test_decode_many_tiles(k_bits, v_bits):
+    """3 query heads per KV head (as the 27B's 6), 300 tokens in 2 splits: a warp's softmax runs over
+    several 32-token tiles, the last ones partial."""
+    check_decode(H=6, Hkv=2, d=32, L=300, max_seq=320, k_bits=k_bits, v_bits=v_bits, n_splits=2,
+                 rng=np.random.default_rng(k_bits * 10 + v_bits + 1))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
 def test_decode_model_shape(k_bits, v_bits):
-    """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits."""
+    """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits, and
+    the 27B's (24 query heads) over 40,000 in 128."""
     check_decode(H=16, Hkv=4, d=256, L=3001, max_seq=4096, k_bits=k_bits, v_bits=v_bits, n_splits=33,
+                 rng=np.random.default_rng(k_bits * 10 + v_bits))
+    check_decode(H=24, Hkv=4, d=256, L=40000, max_seq=40960, k_bits=k_bits, v_bits=v_bits, n_splits=128,
                  rng=np.random.default_rng(k_bits * 10 + v_bits))
 
 

@@ -113,15 +113,22 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
         stage_s(smem, OFF_Q, WP, u, t0 * ncol + kh * S, ncol, c, False)
 
     @cuda.jit(device=True, inline=True)
-    def stage_kp_decay(smem, u, P, G_cum, j, kh, Tw, ncol, t0, c):
+    def load_g(G_cum, j, t0, c):
+        """(G_i, G_last) of the chunk at t0 for thread i < BT (G_last past the chunk's end): loaded a chunk
+        ahead, so the global latency is not on the serial path (it was 10 % of the kernel's stall samples)."""
+        tid = cuda.threadIdx.x
+        g_last = G_cum[uint32(j), uint32(t0 + c - 1)]
+        gi = G_cum[uint32(j), uint32(t0 + min(tid, c - 1))]
+        return gi, g_last
+
+    @cuda.jit(device=True, inline=True)
+    def stage_kp_decay(smem, u, P, j, kh, Tw, ncol, t0, c, gi, g_last):
         """cp.async the k rows (rows >= c zero) and P rows of the chunk at t0; its factors e^(G_i) and
-        e^(G_last - G_i) (0 past the end) into s_eg, s_ek with plain stores; no commit."""
+        e^(G_last - G_i) (0 past the end) from load_g's values into s_eg, s_ek with plain stores; no commit."""
         stage_s(smem, OFF_K, KP, u, t0 * ncol + K0 + kh * S, ncol, c, True)
         stage_p(smem, OFF_P, PP, P, (j * Tw + t0) * BT, BT, c, False)
         tid = cuda.threadIdx.x
         if tid < BT:
-            g_last = G_cum[uint32(j), uint32(t0 + c - 1)]
-            gi = G_cum[uint32(j), uint32(t0 + tid)] if tid < c else g_last
             smem[uint32(OFF_EG + tid)] = math.exp(gi)
             smem[uint32(OFF_EK + tid)] = math.exp(g_last - gi) if tid < c else f0
 
@@ -161,7 +168,8 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
         c = min(BT, T)
         stage_wq(smem, W, u, j, kh, Tw, ncol, 0, c)
         ptx.cp_async_commit()
-        stage_kp_decay(smem, u, P, G_cum, j, kh, Tw, ncol, 0, c)
+        gi, g_last = load_g(G_cum, j, 0, c)
+        stage_kp_decay(smem, u, P, j, kh, Tw, ncol, 0, c, gi, g_last)
         ptx.cp_async_commit()
 
         ra = 16 * rw * WP                                # A[0, 0] of the warp's rows in s_w / s_q
@@ -174,6 +182,8 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                 for e in range(4):
                     i = min(16 * rw + gq + 8 * (e >> 1), c - 1)      # rows >= c are never used
                     u_reg[4 * nt + e] = U[u_base + uint32(i * S + 8 * nt + (e & 1))]
+            if n + 1 < n_chunks:                         # the next chunk's G, in flight for the whole chunk
+                gi, g_last = load_g(G_cum, j, t0 + BT, min(BT, T - t0 - BT))
             ptx.cp_async_wait_1()
             cuda.syncthreads()                           # W, Q of chunk n and h visible
 
@@ -253,7 +263,7 @@ def chunk_state_mma_kernel(S: int, Hk: int, Hv: int):
                                   acc_h[4 * (NTV * m + nt) + e])
             cuda.syncthreads()                           # h complete; s_k, s_p, V' and the factors free
             if n + 1 < n_chunks:
-                stage_kp_decay(smem, u, P, G_cum, j, kh, Tw, ncol, t0 + BT, min(BT, T - t0 - BT))
+                stage_kp_decay(smem, u, P, j, kh, Tw, ncol, t0 + BT, min(BT, T - t0 - BT), gi, g_last)
             ptx.cp_async_commit()
 
         for e in range(tid, S * BV, TPB):

@@ -2,20 +2,25 @@
 one query token): no cached vector is ever rotated back.
 
 Split-K over the cached tokens, two kernels on one stream:
-  partial  grid (n_splits, H), NW warps. The block rotates its query head by the keys' rotation (signs, the
-           Walsh-Hadamard butterflies in shared memory, / sqrt(d)). Warp w takes keys w, w + NW, ... of the
-           split; lane l < d/8 owns coordinates 8l..8l+7, whose 8 codes are one 3-byte group (3 bits) or one
-           4-byte word (4 bits) of the packed row. A key's score is (q_rot · level[c]) · n / d (the cached
-           vector is level[c] · n / sqrt(d), the attention scale 1 / sqrt(d)), summed over the lanes by
-           shuffles; an online softmax per warp accumulates p · level_v[c] · n_v / sqrt(d) per coordinate.
+  partial  grid (n_splits, Hkv), NW warps: one block serves the G query heads of its KV head, so each coded
+           row is read and unpacked once for all of them. The block rotates the G queries by the keys'
+           rotation (signs, Walsh-Hadamard butterflies in shared memory). Each warp takes tiles of 32
+           consecutive tokens of the split (tiles w, w + NW, ...): the tile's key and value rows, contiguous
+           in the cache, are copied into the warp's shared memory with coalesced word loads; then
+             scores   lane r owns token r: (q_rot · level[c]) · n / d^1.5 for the G heads, its codes read
+                      word by word from its shared row (rows padded to an odd stride: no bank conflicts);
+             softmax  per head, online across the warp's tiles (max and sum by shuffles);
+             values   lane l owns coordinates 8l .. 8l + 7: for each token of the tile, its 8 codes (one
+                      24- or 32-bit group of the shared row), weights p · n_v / sqrt(d) from the token's lane.
            The warps' (max, sum, accumulator) are merged in shared memory into the split's partial.
   combine  grid (H,): the splits merged, divided by the softmax sum, rotated back by the values' rotation.
 The output is the attention of the head before the model's output gate, as flash_attn.decode's partials
 are before theirs.
 
 Buffers: q [H, d] f32 or f16 (roped, normed: the model's f16 query buffer); k_codes, v_codes
-[Hkv, max_seq, d·bits/8] uint8; k_norms, v_norms [Hkv, max_seq] uint16 (float16 bits); kv_len [1] int32 (tokens cached, this one's included); part_o
-[n_splits, H, d] f32 and part_ml [n_splits, H, 2] f32 (workspace); out [H, d] f32.
+[Hkv, max_seq, d·bits/8] uint8 (read as uint32 words); k_norms, v_norms [Hkv, max_seq] uint16 (float16
+bits); kv_len [1] int32 (tokens cached, this one's included); part_o [n_splits, H, d] f32 and part_ml
+[n_splits, H, 2] f32 (workspace); out [H, d] f32.
 """
 from __future__ import annotations
 
@@ -23,12 +28,13 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, uint32
+from numba import float32, uint32, uint64
 
 from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32, syncwarp
 from ninfer_numba.kernels.reduce import row_sum_f32
 
 NW = 4                      # warps per partial block
@@ -36,28 +42,16 @@ TPB = 32 * NW
 NEG_INF = float32(-np.inf)
 
 
-@cuda.jit(device=True, inline=True)
-def _lane_codes(codes, h, j, lane, bits, out):
-    """The 8 codes of coordinates 8·lane .. 8·lane + 7 of cached row (h, j) into out[0:8]."""
-    if bits == 4:
-        for k in range(4):
-            byte = uint32(codes[h, j, 4 * lane + k])
-            out[2 * k] = byte & uint32(15)
-            out[2 * k + 1] = byte >> uint32(4)
-    else:
-        word = (uint32(codes[h, j, 3 * lane]) | (uint32(codes[h, j, 3 * lane + 1]) << uint32(8))
-                | (uint32(codes[h, j, 3 * lane + 2]) << uint32(16)))
-        for k in range(8):
-            out[k] = (word >> uint32(3 * k)) & uint32(7)
-
-
 @cuda.jit(device=True)
-def fwht_shared(s_x, d, tid, nthreads):
-    """In-place Walsh-Hadamard butterflies of s_x[0:d] by a block of nthreads (barriers included)."""
+def fwht_rows(s_x, off, rows, d, tid, nthreads):
+    """In-place Walsh-Hadamard butterflies of each of ``rows`` rows of d floats at s_x[off:], by a block of
+    nthreads (barriers included)."""
     half = 1
     while half < d:
-        for p in range(tid, d // 2, nthreads):
-            a = (p // half) * 2 * half + p % half
+        for e in range(tid, rows * (d // 2), nthreads):
+            r = e // (d // 2)
+            p = e - r * (d // 2)
+            a = off + r * d + (p // half) * 2 * half + p % half
             u = s_x[a]
             v = s_x[a + half]
             s_x[a] = u + v
@@ -66,93 +60,177 @@ def fwht_shared(s_x, d, tid, nthreads):
         half *= 2
 
 
+@cuda.jit(device=True, inline=True)
+def _warp_max(v):
+    for m in (16, 8, 4, 2, 1):
+        v = max(v, shfl_xor_f32(v, m))
+    return v
+
+
+def partial_smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
+    """(offsets of the rotated queries, codebooks, warp maxima and sums, tiles; total words) of the partial
+    kernel's dynamic shared memory. A warp's tile: 32 key rows at odd stride WK + 1, 32 value rows at WV and
+    one spare word (the last lane's 24-bit group may read one word past its row); after the loop the tile
+    region holds the warps' accumulators [NW, G, d] for the merge."""
+    WK, WV = d * k_bits // 32, d * v_bits // 32
+    tile = 32 * (WK + 1) + 32 * WV + 1
+    off_l = G * d
+    off_ml = off_l + 32
+    off_t = off_ml + 2 * NW * G
+    return off_l, off_ml, off_t, tile, off_t + max(NW * tile, NW * G * d)
+
+
 @lru_cache(maxsize=None)
 def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
-    if d % 8 or d > 256 or d & (d - 1) or H % Hkv:
-        raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 8 <= d <= 256)")
+    if d % 32 or d > 256 or d & (d - 1) or H % Hkv:
+        raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
     G = H // Hkv
-    LANES = d // 8               # lanes holding coordinates (8 each)
+    LANES = d // 8               # lanes holding value coordinates (8 each)
+    ACC = 8 * G                  # accumulator words of a lane (array sizes must be plain constants)
+    WK = d * k_bits // 32        # words of a coded key row
+    WV = d * v_bits // 32
+    KS = WK + 1                  # key row stride in shared memory (odd)
+    OFF_L, OFF_ML, OFF_T, TILE, _ = partial_smem_words(G, d, k_bits, v_bits)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
-    INV_D = float32(1.0 / d)
+    SCORE = float32(1.0 / d ** 1.5)
+    KMASK = uint32((1 << k_bits) - 1)
+    VMASK = uint32((1 << v_bits) - 1)
+    f0 = float32(0.0)
+    # 4 blocks (16 warps) per SM: 512 blocks of the 9B's 4 KV heads x 128 splits in one wave
+    occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
-    @cached_jit()
-    def partial(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_signs, k_levels, v_levels, part_o, part_ml):
-        s_q = cuda.shared.array(d, float32)                 # the rotated query
-        s_lk = cuda.shared.array(16, float32)               # key / value codebooks
-        s_lv = cuda.shared.array(16, float32)
-        s_m = cuda.shared.array(NW, float32)
-        s_l = cuda.shared.array(NW, float32)
-        s_acc = cuda.shared.array((NW, d), float32)
+    @cuda.jit(device=True, inline=True)
+    def dot8(smem, bits, i0, dots):
+        """dots[g] += Σ_k q_rot[g, i0 + k] · level_k[code k of bits] for the 8 codes packed in bits."""
+        for k in range(8):
+            lvl = smem[OFF_L + ((bits >> uint32(k_bits * k)) & KMASK)]
+            for g in range(G):
+                dots[g] += smem[g * d + i0 + k] * lvl
+
+    @cuda.jit(device=True, inline=True)
+    def key_dots(smem, smem_u, row, dots):
+        """The G raw dot products of the coded key row at smem_u[row:] with the rotated queries."""
+        for g in range(G):
+            dots[g] = f0
+        if k_bits == 4:
+            for x in range(WK):                           # one word: 8 codes
+                dot8(smem, smem_u[row + x], 8 * x, dots)
+        else:
+            for x in range(WK // 3):                      # three words: four 24-bit groups of 8 codes
+                w0 = smem_u[row + 3 * x]
+                w1 = smem_u[row + 3 * x + 1]
+                w2 = smem_u[row + 3 * x + 2]
+                dot8(smem, w0 & uint32(0xFFFFFF), 32 * x, dots)
+                dot8(smem, (w0 >> uint32(24)) | ((w1 & uint32(0xFFFF)) << uint32(8)), 32 * x + 8, dots)
+                dot8(smem, (w1 >> uint32(16)) | ((w2 & uint32(0xFF)) << uint32(16)), 32 * x + 16, dots)
+                dot8(smem, w2 >> uint32(8), 32 * x + 24, dots)
+
+    @cached_jit(**occupancy)
+    def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, part_o, part_ml):
+        # k_words [Hkv·max_seq·WK], v_words [Hkv·max_seq·WV] uint32 (flat views of the coded caches)
+        smem = cuda.shared.array(0, float32)
+        smem_u = cuda.shared.array(0, uint32)             # the same bytes (dynamic arrays alias)
         split = cuda.blockIdx.x
-        h = cuda.blockIdx.y
-        hk = h // G
+        hk = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         w = tid >> 5
         lane = tid & 31
-        for i in range(tid, d, TPB):
-            s_q[i] = float32(q[h, i]) * k_signs[i]
-        if tid < k_levels.shape[0]:
-            s_lk[tid] = k_levels[tid]
-        if tid < v_levels.shape[0]:
-            s_lv[tid] = v_levels[tid]
+        max_seq = k_norms.shape[1]
+        for e in range(tid, G * d, TPB):                  # s_q [G, d]: the block's queries · signs
+            g = e // d
+            smem[e] = float32(q[hk * G + g, e - g * d]) * k_signs[e - g * d]
+        if tid < 16:
+            smem[OFF_L + tid] = k_levels[tid] if tid < k_levels.shape[0] else f0
+            smem[OFF_L + 16 + tid] = v_levels[tid] if tid < v_levels.shape[0] else f0
         cuda.syncthreads()
-        fwht_shared(s_q, d, tid, TPB)
-        qv = cuda.local.array(8, float32)
-        acc = cuda.local.array(8, float32)
-        cv = cuda.local.array(8, uint32)
-        for k in range(8):
-            qv[k] = s_q[8 * lane + k] * INV_SQRT_D if lane < LANES else float32(0.0)
-            acc[k] = float32(0.0)
+        fwht_rows(smem, 0, G, d, tid, TPB)
+        dots = cuda.local.array(G, float32)
+        m = cuda.local.array(G, float32)
+        lsum = cuda.local.array(G, float32)
+        pv = cuda.local.array(G, float32)
+        acc = cuda.local.array(ACC, float32)             # [head, coordinate 8·lane + k]
+        lv = cuda.local.array(8, float32)                 # a value row's levels at my coordinates
+        for g in range(G):
+            m[g] = NEG_INF
+            lsum[g] = f0
+        for x in range(ACC):
+            acc[x] = f0
         n_kv = kv_len[0]
         per = (n_kv + n_splits - 1) // n_splits
         j_end = min(n_kv, (split + 1) * per)
-        m = NEG_INF
-        lsum = float32(0.0)
-        for j in range(split * per + w, j_end, NW):           # warp-uniform: every lane takes the same keys
-            dot = float32(0.0)
-            if lane < LANES:
-                _lane_codes(k_codes, hk, j, lane, k_bits, cv)
+        t_base = OFF_T + w * TILE
+        v_base = t_base + 32 * KS
+        for t0 in range(split * per + 32 * w, j_end, 32 * NW):    # warp-uniform
+            nk = min(32, j_end - t0)
+            row0 = hk * max_seq + t0
+            for x in range(WK):                           # the tile's key rows, coalesced
+                e = lane + 32 * x
+                if e < nk * WK:
+                    smem_u[t_base + e + e // WK] = k_words[uint32(row0 * WK + e)]
+            for x in range(WV):
+                e = lane + 32 * x
+                if e < nk * WV:
+                    smem_u[v_base + e] = v_words[uint32(row0 * WV + e)]
+            kn = f0
+            vn = f0
+            if lane < nk:
+                kn, _ = h2_to_f32(uint32(k_norms[hk, t0 + lane]))
+                vn, _ = h2_to_f32(uint32(v_norms[hk, t0 + lane]))
+            syncwarp()
+            key_dots(smem, smem_u, t_base + lane * KS, dots)
+            for g in range(G):                            # online softmax of head g over this tile
+                score = dots[g] * kn * SCORE if lane < nk else NEG_INF
+                m_new = max(m[g], _warp_max(score))
+                alpha = math.exp(m[g] - m_new)
+                p = math.exp(score - m_new)
+                lsum[g] = lsum[g] * alpha + row_sum_f32(p, 32)
+                m[g] = m_new
+                pv[g] = p * vn * INV_SQRT_D
                 for k in range(8):
-                    dot += qv[k] * s_lk[cv[k]]
-            dot = row_sum_f32(dot, 32)
-            kn, _ = h2_to_f32(uint32(k_norms[hk, j]))
-            score = dot * kn * INV_D
-            m_new = max(m, score)
-            alpha = math.exp(m - m_new)
-            p = math.exp(score - m_new)
-            lsum = lsum * alpha + p
-            m = m_new
-            if lane < LANES:
-                vn, _ = h2_to_f32(uint32(v_norms[hk, j]))
-                pv = p * vn * INV_SQRT_D
-                _lane_codes(v_codes, hk, j, lane, v_bits, cv)
-                for k in range(8):
-                    acc[k] = acc[k] * alpha + pv * s_lv[cv[k]]
-        if lane == 0:
-            s_m[w] = m
-            s_l[w] = lsum
+                    acc[8 * g + k] *= alpha
+            sh = uint64((v_bits * 8 * lane) & 31)          # my 8 value codes: bits 8·vb·lane.. of a row
+            wi = (v_bits * 8 * lane) >> 5
+            for r in range(nk):
+                if lane < LANES:
+                    rw = v_base + r * WV + wi
+                    bits = uint32(((uint64(smem_u[rw + 1]) << uint64(32)) | uint64(smem_u[rw])) >> sh)
+                    for k in range(8):
+                        lv[k] = smem[OFF_L + 16 + ((bits >> uint32(v_bits * k)) & VMASK)]
+                for g in range(G):
+                    pr = shfl_idx_f32(pv[g], r)
+                    if lane < LANES:
+                        for k in range(8):
+                            acc[8 * g + k] += pr * lv[k]
+            syncwarp()                      # the tile is read: the next one may overwrite it
+        cuda.syncthreads()                                # tiles dead: the region holds [NW, G, d] now
         if lane < LANES:
-            for k in range(8):
-                s_acc[w, 8 * lane + k] = acc[k]
+            for g in range(G):
+                for k in range(8):
+                    smem[OFF_T + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
+        if lane == 0:
+            for g in range(G):
+                smem[OFF_ML + 2 * (w * G + g)] = m[g]
+                smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
         cuda.syncthreads()
-        mm = NEG_INF
-        for u in range(NW):
-            mm = max(mm, s_m[u])
-        for i in range(tid, d, TPB):
-            o = float32(0.0)
+        for e in range(tid, G * d, TPB):
+            g = e // d
+            i = e - g * d
+            mm = NEG_INF
+            for u in range(NW):
+                mm = max(mm, smem[OFF_ML + 2 * (u * G + g)])
+            o = f0
+            ll = f0
             if mm != NEG_INF:
                 for u in range(NW):
-                    if s_m[u] != NEG_INF:
-                        o += s_acc[u, i] * math.exp(s_m[u] - mm)
-            part_o[split, h, i] = o
-        if tid == 0:
-            ll = float32(0.0)
-            if mm != NEG_INF:
-                for u in range(NW):
-                    if s_m[u] != NEG_INF:
-                        ll += s_l[u] * math.exp(s_m[u] - mm)
-            part_ml[split, h, 0] = mm
-            part_ml[split, h, 1] = ll
+                    mu = smem[OFF_ML + 2 * (u * G + g)]
+                    if mu != NEG_INF:
+                        f = math.exp(mu - mm)
+                        o += smem[OFF_T + (u * G + g) * d + i] * f
+                        ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
+            part_o[split, hk * G + g, i] = o
+            if i == 0:
+                part_ml[split, hk * G + g, 0] = mm
+                part_ml[split, hk * G + g, 1] = ll
 
     @cached_jit()
     def combine(part_o, part_ml, v_signs, proj, out):
@@ -175,7 +253,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     o += part_o[s, h, i] * math.exp(part_ml[s, h, 0] - mm)
             s_o[i] = o / ll
         cuda.syncthreads()
-        fwht_shared(s_o, d, tid, TPB)
+        fwht_rows(s_o, 0, 1, d, tid, TPB)
         for i in range(tid, d, TPB):
             o = s_o[i] * v_signs[i] * INV_SQRT_D
             if gated:
@@ -206,6 +284,13 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     Hkv = k_codes.shape[0]
     gated = proj is not None
     partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
-    partial[(ws.n_splits, H), TPB, stream](q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables.signs,
-                                           k_tables.levels, v_tables.levels, ws.part_o, ws.part_ml)
+    nbytes = 4 * partial_smem_words(H // Hkv, d, k_tables.bits, v_tables.bits)[-1]
+    partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
+        q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
+        v_tables.levels, ws.part_o, ws.part_ml)
     combine[H, TPB, stream](ws.part_o, ws.part_ml, v_tables.signs, proj if gated else ws.no_gate, out)
+
+
+def _words(codes):
+    """A coded cache [Hkv, max_seq, row bytes] as one flat run of uint32 words (rows are whole words)."""
+    return codes.reshape(codes.size).view(np.uint32)

@@ -20,7 +20,7 @@ from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.kvq.decode import fwht_shared
+from ninfer_numba.kernels.kvq.decode import fwht_rows
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 ROW_BLOCKS = 64 if SIMULATOR else 2048          # blocks along the rows (each strides over the rest)
@@ -47,7 +47,7 @@ def _dequant_kernel(d: int, bits: int):
             n, _ = h2_to_f32(uint32(norms[h, r]))
             s_x[i] = levels[c] * n * INV_SQRT_D
             cuda.syncthreads()
-            fwht_shared(s_x, d, i, d)
+            fwht_rows(s_x, 0, 1, d, i, d)
             out[h, r, i] = uint16(pack_f16x2(s_x[i] * signs[i] * INV_SQRT_D, float32(0.0)) & uint32(0xFFFF))
             cuda.syncthreads()                                        # s_x is reused by the next row
 
