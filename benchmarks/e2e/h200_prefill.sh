@@ -36,6 +36,8 @@
 #   STAGE=gdn_kv_check: bench_gdn of .cache/ab_base and of this tree (9B and 27B at 8K); our decode at depth 32K
 #               with the f16 and k3v3 caches (no llama.cpp: records in $OUT/kv.tgz); then the GPU tests of
 #               the GDN prefill (not 32K), the coded caches, the whole model and the engine
+#   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
+#               32K with f16 and k3v3 (records in $OUT/kv.tgz)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -56,6 +58,15 @@ bench_gdn_base() {
   ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
     --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
   say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
+}
+# our decode at depth 32K on the 9b file with each given KV cache type (no llama.cpp); records in $OUT/kv.tgz
+kv_decode_bench() {
+  for kv in "$@"; do
+    timeout 100 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128@d32768 --kv-type $kv \
+      --skip-llamacpp --out $OUT/kv_$kv" > "$OUT/logs/bench_kv_$kv.log" 2>&1
+    say "decode, ours $kv (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_$kv.log"
+  done
+  ( cd "$OUT" && tar czf kv.tgz kv_* && rm -rf kv_*/ )
 }
 case "${STAGE:-gemm}" in
 gemm)
@@ -231,17 +242,26 @@ gdn_kv_check)
     --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
   say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -12
   wait $gen
-  for kv in f16 k3v3; do
-    timeout 100 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128@d32768 --kv-type $kv \
-      --skip-llamacpp --out $OUT/kv_$kv" > "$OUT/logs/bench_kv_$kv.log" 2>&1
-    say "decode, ours $kv (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_$kv.log"
-  done
+  kv_decode_bench f16 k3v3
   timeout 300 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_gdn_prefill.py tests/kernels/test_kvq_append.py \
     tests/kernels/test_kvq_decode.py tests/kernels/test_logprobs_kernel.py tests/model tests/engine -k "not T32768" \
     -p no:cacheprovider --durations=6 > "$OUT/logs/test_gpu.log" 2>&1
   say "GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu.log" | cut -c1-300 | head -20
-  tar czf "$OUT/kv.tgz" -C "$OUT" kv_f16 kv_k3v3 && rm -rf "$OUT"/kv_f16 "$OUT"/kv_k3v3
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+kvq_check)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 120 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/model/test_kv_types.py -p no:cacheprovider > "$OUT/logs/test_kvq_gpu.log" 2>&1
+  say "coded-cache GPU tests (exit $?): $(tail -1 "$OUT/logs/test_kvq_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_kvq_gpu.log" | cut -c1-300 | head -10
+  timeout 90 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq --out "$OUT/logs/bench_attn.jsonl" \
+    > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
+  wait $gen
+  kv_decode_bench f16 k3v3
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 gdn_final)

@@ -1,12 +1,14 @@
 """Microbenchmark of the attention kernels at the 9B / 27B shapes, timed inside replayed CUDA graphs.
 
-    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,prefill] [--mma] [--out FILE]
+    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,kvq,prefill] [--mma] [--out FILE]
 
 Prints one row per shape: µs per call, GB/s (bytes the kernel must move) and TFLOP/s, with the % of the
 ceiling that bounds it (4.25 TB/s copy rate for rope and decode; torch SDPA's 602 / 643 TFLOP/s at
 T = 8192 / 32768 for prefill, reference/anchors.md). Working sets under ~3× the 60 MB L2 are rotated over
 several buffer copies so the timings come from HBM. With --out, one JSON object per row is appended.
---mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks.
+--mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks. kvq: the
+decode attention over the 3/4-bit caches (kernels/kvq/decode.py, split-K partials and their combine) on
+random codes, beside attention_decode's f16 rows above.
 """
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, atten
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
 from ninfer_numba.kernels.flash_attn.prefill_mma import launch_prefill_mma
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
+from ninfer_numba.kernels.kvq.append import KvqTables
+from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
+from ninfer_numba.kernels.kvq.ref import KV_TYPES, vector_bytes
+from ninfer_numba.model.qwen35 import KVQ_SPLITS
 from benchmarks.timing import time_graph
 
 COPY_GBS = 4250.0
@@ -89,6 +95,38 @@ def bench_decode(H, Hkv, d, rng):
     return rows
 
 
+def bench_kvq_decode(H, Hkv, d, rng, kv_types=("k3v3", "k4v4")):
+    rows = []
+    ws = KvqDecodeWorkspace(H, d, KVQ_SPLITS)
+    q = _rand((H, d), np.float16, rng)
+    proj = _rand((1, 2 * d * H + 2 * d * Hkv), np.float32, rng)
+    out = cuda.device_array(H * d, np.float32)
+    for kv_type in kv_types:
+        (kb, vb), (k_row, v_row) = KV_TYPES[kv_type], vector_bytes(kv_type, d)
+        k_tab, v_tab = KvqTables(d, kb, 1), KvqTables(d, vb, 2)
+        for L in (8192, 32768):
+            nbytes = Hkv * L * (k_row + v_row)               # codes and norms, read once per step
+            norms = (rng.uniform(5, 20, (Hkv, L)).astype(np.float16)).view(np.uint16)
+
+            def coded(row):
+                return cuda.to_device(rng.integers(0, 256, (Hkv, L, row - 2), dtype=np.uint8))
+            sets = [(coded(k_row), cuda.to_device(norms), coded(v_row), cuda.to_device(norms))
+                    for _ in range(_copies(nbytes))]
+            kv_len = cuda.to_device(np.array([L], np.int32))
+            state = {"i": 0}
+
+            def launch(stream):
+                kc, kn, vc, vn = sets[state["i"] % len(sets)]
+                state["i"] += 1
+                kvq_attention_decode(q, kc, kn, vc, vn, kv_len, k_tab, v_tab, out, ws, stream=stream, proj=proj)
+
+            ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
+            rows.append(dict(kernel=f"kvq_decode_{kv_type}", L=L, us=ms * 1e3, GBs=nbytes / ms / 1e6,
+                             TFLOPs=4.0 * H * L * d / ms / 1e9, pct=100 * nbytes / ms / 1e6 / COPY_GBS,
+                             ceiling="copy 4.25 TB/s", n_splits=ws.n_splits))
+    return rows
+
+
 def _prefill_variants(mma: bool):
     """(kernel name, launcher) pairs to time: the float32 kernel, then the tensor-core block sizes."""
     variants = [("attention_prefill", attention_prefill)]
@@ -124,7 +162,7 @@ def bench_prefill(H, Hkv, d, rng, lengths, mma=False):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="9b")
-    ap.add_argument("--only", default="rope,decode,prefill")
+    ap.add_argument("--only", default="rope,decode,kvq,prefill")
     ap.add_argument("--prefill-lengths", default="512,2048,8192,32768")
     ap.add_argument("--mma", action="store_true", help="also time the fp16 tensor-core prefill")
     ap.add_argument("--out", help="append JSON lines here")
@@ -137,6 +175,8 @@ def main(argv=None) -> None:
         rows += bench_rope(**shape, rng=rng)
     if "decode" in parts:
         rows += bench_decode(**shape, rng=rng)
+    if "kvq" in parts:
+        rows += bench_kvq_decode(**shape, rng=rng)
     if "prefill" in parts:
         rows += bench_prefill(**shape, rng=rng, lengths=[int(x) for x in args.prefill_lengths.split(",")],
                               mma=args.mma)
