@@ -53,9 +53,12 @@ def test_decode_tiny(k_bits, v_bits):
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
 def test_decode_many_tiles(k_bits, v_bits):
     """3 query heads per KV head (as the 27B's 6), 300 tokens in 2 splits: a warp's softmax runs over
-    several 32-token tiles, the last ones partial."""
+    several 32-token tiles, the last ones partial; then 100 tokens in 11 splits."""
     check_decode(H=6, Hkv=2, d=32, L=300, max_seq=320, k_bits=k_bits, v_bits=v_bits, n_splits=2,
                  rng=np.random.default_rng(k_bits * 10 + v_bits + 1))
+    # 11 splits: the combine's split groups take 3 or 2 splits each (its two-load steps and its tail)
+    check_decode(H=4, Hkv=2, d=32, L=100, max_seq=128, k_bits=k_bits, v_bits=v_bits, n_splits=11,
+                 rng=np.random.default_rng(k_bits * 10 + v_bits + 2))
 
 
 @pytest.mark.gpu
