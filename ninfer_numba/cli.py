@@ -157,6 +157,13 @@ def _cmd_info(a: argparse.Namespace) -> int:
         for kv, b in per_head.items()))
     tok = w.file.kv.get("tokenizer.ggml.model")
     print(f"tokenizer      {tok}, chat template {'yes' if 'tokenizer.chat_template' in w.file.kv else 'no'}")
+    if a.gpus:
+        from ninfer_numba.engine.shard_plan import describe, layer_costs, parse_gpus, plan_shards
+        costs = layer_costs({n: t.nbytes for n, t in w.file.tensors.items()}, c)
+        plan = plan_shards(*costs, devices=parse_gpus(a.gpus), tied=c.tied_embeddings)
+        print(f"split by layers over {len(plan)} shards (engine/shard_plan.py):")
+        for line in describe(plan, c):
+            print(f"  {line}")
     return 0
 
 
@@ -207,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="describe a model file")
     i.add_argument("--model", required=True)
+    i.add_argument("--gpus", default=None,
+                   help="also print the split by layers over these GPUs: a count or a list of ids (0,0: two on one)")
     i.set_defaults(fn=_cmd_info)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
