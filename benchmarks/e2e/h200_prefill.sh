@@ -38,6 +38,8 @@
 #               the GDN prefill (not 32K), the coded caches, the whole model and the engine
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
+#   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
+#               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -334,6 +336,20 @@ gdn_stalls|stalls_kv)
     say "structured output on the 9B (exit $?):"; tail -8 "$OUT/logs/structured_9b.log"
   fi
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
+  ;;
+kvq_ncu)
+  for k in partial combine; do
+    timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes -o "$OUT/logs/kvq_$k" \
+      python3 -m benchmarks.kernels.bench_attn --model 9b --only kvq > "$OUT/logs/ncu_kvq_$k.log" 2>&1
+    say "ncu kvq $k (exit $?)"
+    ncu --import "$OUT/logs/kvq_$k.ncu-rep" --print-summary none --page details > "$OUT/logs/kvq_${k}_details.txt" 2>&1
+    grep -E "Duration|Memory Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
+      "$OUT/logs/kvq_${k}_details.txt" | head -12
+    ncu --import "$OUT/logs/kvq_$k.ncu-rep" --page source --csv --print-source sass > "$OUT/logs/kvq_${k}_sass.csv" 2>&1
+    python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/kvq_${k}_sass.csv" --top 25 | cut -c1-200
+  done
+  rm -f "$OUT"/logs/*.ncu-rep
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)
