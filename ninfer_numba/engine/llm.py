@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -211,12 +212,13 @@ class LLM:
             # the device draws under the grammar's mask; the next mask needs this token, so no step runs ahead
             n_vocab = self.config.n_vocab
             r.start_sampling(window, sampler.device_params())
-            tok = r.prefill_sampled(ids, mask=sampler.mask_words(n_vocab), logprobs=logprobs)
+            mask = partial(sampler.mask_words, n_vocab)  # computed by the runner while its forward runs
+            tok = r.prefill_sampled(ids, mask=mask, logprobs=logprobs)
             prefilled()
             while True:
                 note(tok)
                 sampler.record_masked(tok)
-                tok = r.decode_sampled((yield tok), mask=sampler.mask_words(n_vocab), logprobs=logprobs)
+                tok = r.decode_sampled((yield tok), mask=mask, logprobs=logprobs)
         elif on_device and sampler.constraint is None and (sampler.is_plain_greedy or window is not None):
             # the device picks every token and the next step is queued before the host sees this one
             sampled = not sampler.is_plain_greedy
