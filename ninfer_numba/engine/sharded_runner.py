@@ -3,7 +3,9 @@ handed from shard to shard through pinned host memory.
 
 Each worker owns its part of the weights (model/gpu_weights.py with a layer range), its caches, its stream
 and its buffers, on the device the plan names; shards may share a device (then they still cross through host
-memory, as between devices without peer access). For every chunk of tokens:
+memory, as between devices without peer access). The bridge buffers are portable pinned memory (every
+context may copy to and from them); an event lives on the device of the stream that records it. For every
+chunk of tokens:
 
   shard 0      tokens -> embedding, its layers -> buf.x [t, n_embd] -> pinned bridge (D2H), event
   shard k      waits on the event, bridge -> buf.x (H2D), its layers -> the next bridge, event
@@ -34,6 +36,15 @@ from ninfer_numba.model.weights import ModelWeights
 
 def _event():
     return cuda.event() if SIMULATOR else cuda.event(timing=False)     # the simulator takes no keywords
+
+
+def _portable_pinned(n: int) -> np.ndarray:
+    """float32 [n] in page-locked host memory that every device's context may copy to and from (a bridge
+    buffer is written by one GPU and read by the next; plain pinned memory is pinned for one context only)."""
+    if SIMULATOR:
+        return cuda.pinned_array(n, np.float32)
+    mem = cuda.current_context().memhostalloc(4 * n, portable=True)
+    return np.ndarray((n,), dtype=np.float32, buffer=mem)
 
 
 def _timing_event(stream):
@@ -73,10 +84,12 @@ class ShardedCudaRunner:
                 w = _Worker(sh, stream, model, model.new_state(self.max_seq))
                 if self.workers:
                     n = model.buf.t_max * c.n_embd
-                    w.bridge_in = [cuda.pinned_array(n, np.float32) for _ in range(2)]     # [t_max·E] each
+                    w.bridge_in = [_portable_pinned(n) for _ in range(2)]      # [t_max·E] float32 each
+                    w.consumed_in = [_event() for _ in range(2)]              # recorded here, waited on there
+            if self.workers:
+                with cuda.gpus[self.workers[-1].shard.device]:               # recorded by the previous shard
                     w.ready_in = [_event() for _ in range(2)]
-                    w.consumed_in = [_event() for _ in range(2)]
-                self.workers.append(w)
+            self.workers.append(w)
         with cuda.gpus[self.plan[0].device]:
             self._host_tok = cuda.pinned_array(self.workers[0].model.buf.t_max, np.int32)   # ids of a chunk
             self._tok_copied = _event()
