@@ -40,6 +40,8 @@
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
 #               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
+#   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
+#               then benchmarks.e2e.shard_bridge on the 9b file (bridge cost per token and per 8K prefill)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -264,6 +266,18 @@ kvq_check)
   say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   wait $gen
   kv_decode_bench f16 k3v3
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+shard_check)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 200 python3 -m pytest -q -m gpu tests/engine/test_sharded_runner.py tests/engine/test_shard_plan.py \
+    -p no:cacheprovider > "$OUT/logs/test_shards_gpu.log" 2>&1
+  say "sharded GPU tests (exit $?): $(tail -1 "$OUT/logs/test_shards_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_shards_gpu.log" | cut -c1-300 | head -10
+  wait $gen
+  timeout 300 python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
+  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -14
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 gdn_final)

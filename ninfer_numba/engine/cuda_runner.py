@@ -238,6 +238,10 @@ class CudaRunner:
             raise ValueError(f"context overflow: {self.state.host_pos} + {n} tokens > max_seq {self.max_seq}")
 
     # -- runner protocol (engine/llm.py) ---------------------------------------------------------------
+    @property
+    def gemm_path(self) -> str:
+        return self.model.gemm_path
+
     def reset(self) -> None:
         self.state.reset(self.stream)
 

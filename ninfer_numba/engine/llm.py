@@ -67,6 +67,10 @@ class LLM:
             from ninfer_numba.engine.cpu_runner import CpuRunner
             self.runner = CpuRunner(self.weights, max_seq, emulate_int8=emulate_int8,
                                     kv_type=self.engine_config.kv_type)
+        elif self.backend == "cuda" and self.engine_config.gpus:
+            from ninfer_numba.engine.shard_plan import parse_gpus
+            from ninfer_numba.engine.sharded_runner import ShardedCudaRunner
+            self.runner = ShardedCudaRunner(self.weights, self.engine_config, parse_gpus(self.engine_config.gpus))
         elif self.backend == "cuda":
             from ninfer_numba.engine.cuda_runner import CudaRunner
             self.runner = CudaRunner(self.weights, self.engine_config)
@@ -86,9 +90,13 @@ class LLM:
 
     def describe(self) -> dict:
         e = self.engine_config
-        gemm = self.runner.model.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
-        return {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
-                "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs}
+        gemm = self.runner.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
+        out = {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
+               "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs}
+        plan = getattr(self.runner, "plan", None)
+        if plan is not None:
+            out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]
+        return out
 
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
