@@ -52,22 +52,34 @@ class ChatPrompt:
     forced_function: str | None = None
     literals: list[str] = field(default_factory=list)   # special-token strings from content, as placeholders
     nonce: str = ""
+    history: str | None = None   # the text up to the last message's end (before the generation prompt)
 
     def parser(self) -> ChatOutputParser:
         return ChatOutputParser(start_in_reasoning=self.thinking, tools=self.tools,
                                 start_in_call=self.start_in_call, forced_function=self.forced_function)
 
-    def encode(self, tokenizer) -> list[int]:
-        """Token ids: the template's text with special tokens parsed, the content's special strings as text."""
+    def encode(self, tokenizer, text: str | None = None) -> list[int]:
+        """Token ids: the template's text (or ``text``) with special tokens parsed, the content's special
+        strings as text."""
+        text = self.text if text is None else text
         ids: list[int] = []
         at = 0
-        for m in _PLACEHOLDER.finditer(self.text):
+        for m in _PLACEHOLDER.finditer(text):
             if m.group(1) != self.nonce:
                 continue
-            ids += tokenizer.encode(self.text[at:m.start()], parse_special=True)
+            ids += tokenizer.encode(text[at:m.start()], parse_special=True)
             ids += tokenizer.encode(self.literals[int(m.group(2))], parse_special=False)
             at = m.end()
-        return ids + tokenizer.encode(self.text[at:], parse_special=True)
+        return ids + tokenizer.encode(text[at:], parse_special=True)
+
+    def history_length(self, tokenizer, ids: list[int]) -> int | None:
+        """How many of the prompt's ids (``encode``'s) hold the conversation before the generation prompt,
+        when they are its exact prefix: the point where the next turn's prompt departs from this one (the
+        template renders the answer there without this turn's opened <think>), worth a state snapshot."""
+        if not self.history:
+            return None
+        head = self.encode(tokenizer, self.history)
+        return len(head) if 0 < len(head) < len(ids) and ids[:len(head)] == head else None
 
 
 def protect_special_text(messages: list[dict[str, Any]], control: tuple[str, ...], added: tuple[str, ...]):
@@ -239,6 +251,8 @@ def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
     try:
         text = render(messages, tools=prompt_tools, add_generation_prompt=True, enable_thinking=thinking,
                       template=chat_template, **kwargs)
+        history = render(messages, tools=prompt_tools, add_generation_prompt=False, enable_thinking=thinking,
+                         template=chat_template, **kwargs)
     except _TEMPLATE_ERRORS as exc:   # includes the template's raise_exception(...)
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
     if choice == "required":
@@ -246,7 +260,8 @@ def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
     elif choice == "function":
         text += f"{CALL_OPEN}\n<function={forced}>\n"
     return ChatPrompt(text=text, thinking=prompt_ends_in_think(text), tools=tools if choice != "none" else None,
-                      start_in_call=choice == "required", forced_function=forced, literals=literals, nonce=nonce)
+                      start_in_call=choice == "required", forced_function=forced, literals=literals, nonce=nonce,
+                      history=history if text.startswith(history) and len(history) < len(text) else None)
 
 
 def prompt_ends_in_think(prompt: str) -> bool:
