@@ -35,18 +35,18 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def boundaries(self, start: int, n: int, extra: int | None = None) -> list[int]:
+    def boundaries(self, start: int, n: int, extra: Sequence[int] = ()) -> list[int]:
         """Where to split the prefill of a prompt of n tokens whose first ``start`` are already in the state,
         for a snapshot: the multiples of ``every`` past start and short of n (the whole prompt's own snapshot
-        is taken after its prefill), and ``extra`` (a chat's history length) when it lies between and at
-        least ``min_gain`` tokens past the cut before it. The split costs one more forward over the prompt's
-        tail (a whole weight read, about 2.4 ms on the 9B); a later turn saves the prefill of the tokens
-        between that cut and extra, which below ~128 would not repay it (9B prefill ~20K tokens/s)."""
+        is taken after its prefill), and each of ``extra`` (a chat's system-turn and history lengths) that
+        lies between and at least ``min_gain`` tokens past the cut before it. A split costs one more forward
+        (a whole weight read, about 2.4 ms on the 9B); a later request saves the prefill of the tokens
+        between the cut before and the extra one, which below ~128 would not repay it (9B prefill ~20K
+        tokens/s)."""
         cuts = list(range((start // self.every + 1) * self.every, n, self.every))
-        if extra is not None and start < extra < n:
-            before = max([c for c in cuts if c < extra], default=start)
-            if extra - before >= self.min_gain:
-                cuts.append(extra)
+        for e in sorted(extra):
+            if start < e < n and e - max([c for c in cuts if c < e], default=start) >= self.min_gain:
+                cuts.append(e)
         return sorted(set(cuts))
 
     def longest(self, ids: Sequence[int]) -> tuple[int, Any] | None:

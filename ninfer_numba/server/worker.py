@@ -69,9 +69,9 @@ class Job:
     """One request's generation. Events (lists of parser events, then Finished or Failed) go to `events`."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], parser: Any,
-                 loop: asyncio.AbstractEventLoop, constraint=None, snapshot_at: int | None = None):
+                 loop: asyncio.AbstractEventLoop, constraint=None, snapshot_at: tuple[int, ...] = ()):
         self.prompt_ids = prompt_ids
-        self.snapshot_at = snapshot_at        # a prompt prefix worth a state snapshot (a chat's history)
+        self.snapshot_at = snapshot_at        # prompt prefixes worth a state snapshot (server/chat.py cuts)
         self.params = params
         self.constraint = constraint          # a grammar over the generated tokens (engine/constraint.py)
         self.stops = stops
