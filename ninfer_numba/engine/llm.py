@@ -121,11 +121,14 @@ class LLM:
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         return params.stop_ids(self.tokenizer.eos_ids if self.tokenizer is not None else ())
 
-    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> Iterator[int]:
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None,
+               snapshot_at: Sequence[int] = ()) -> Iterator[int]:
         """Yield generated ids one at a time; stops after max_tokens or after yielding a stop token.
 
         constraint: a grammar over the generated tokens (engine/constraint.py), or None. With
-        params.logprobs set, ``last_logprobs[i]`` describes the i-th yielded token once it is yielded."""
+        params.logprobs set, ``last_logprobs[i]`` describes the i-th yielded token once it is yielded.
+        snapshot_at: prompt lengths where the prefix cache should also keep the state (a chat's system turn
+        and its history before the generation prompt, where the next turn departs: server/chat.py)."""
         ids = self.encode(prompt_ids)
         self._check_fits(len(ids), params.max_tokens)
         sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids, constraint=constraint)
@@ -133,7 +136,7 @@ class LLM:
         if params.max_tokens == 0:
             return
         stops = self.stop_ids(params)
-        rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids))
+        rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids), snapshot_at)
         generated: list[int] = []
         try:
             step = self._token_steps(sampler, rest, lambda: self._snapshot(ids))
@@ -159,7 +162,7 @@ class LLM:
         self._reset()
         return ids
 
-    def _resume_from_snapshots(self, ids: list[int], rest: list[int]) -> list[int]:
+    def _resume_from_snapshots(self, ids: list[int], rest: list[int], extra: Sequence[int] = ()) -> list[int]:
         """With a prefix cache: restore its longest snapshot of ids if that beats the live state's reuse, then
         prefill up to each snapshot boundary of the prompt and keep a snapshot there. Returns the tokens still
         to run (at least the last one, whose logits the first pick needs)."""
@@ -173,7 +176,7 @@ class LLM:
             self.runner.restore(snap)
             self._fed = ids[:start]
             self.last_cached_tokens = start
-        for b in cache.boundaries(start, len(ids)):
+        for b in cache.boundaries(start, len(ids), extra):
             self.runner.prefill(ids[start:b])
             start = b
             self._fed = ids[:b]
