@@ -38,6 +38,8 @@
 #               the GDN prefill (not 32K), the coded caches, the whole model and the engine
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
+#   STAGE=decode_profile: every kernel of a 9B decode step timed alone against its bytes, next to the step
+#               (benchmarks.e2e.decode_profile at depth 0 and 8192; JSON under $OUT)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -262,6 +264,15 @@ kvq_check)
   say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   wait $gen
   kv_decode_bench f16 k3v3
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+decode_profile)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
+  for depth in 0 8192; do
+    timeout 200 python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf --depth $depth \
+      --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
+    say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -40
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 gdn_final)
