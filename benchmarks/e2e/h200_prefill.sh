@@ -42,6 +42,8 @@
 #               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
 #   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
 #               then benchmarks.e2e.shard_bridge on the 9b file (bridge cost per token and per 8K prefill)
+#   STAGE=decode_profile: every kernel of a 9B decode step timed alone against its bytes, next to the step
+#               (benchmarks.e2e.decode_profile at depth 0 and 8192; JSON under $OUT)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -278,6 +280,15 @@ shard_check)
   wait $gen
   timeout 300 python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
   say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -14
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+decode_profile)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
+  for depth in 0 8192; do
+    timeout 200 python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf --depth $depth \
+      --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
+    say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -40
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 gdn_final)
