@@ -44,6 +44,10 @@
 #               then benchmarks.e2e.shard_bridge on the 9b file (bridge cost per token and per 8K prefill)
 #   STAGE=decode_profile: every kernel of a 9B decode step timed alone against its bytes, next to the step
 #               (benchmarks.e2e.decode_profile at depth 0 and 8192; JSON under $OUT)
+#   STAGE=serving_check: the engine's and server's GPU tests (device logprobs, masked draws with the mask
+#               computed during the forward, prefix snapshots), then on a 9B file with the vocabulary:
+#               structured_output (grammar cost per token), prefix_gate (second-turn TTFT, shared system
+#               prompt) and server_stream (TTFT and t/s as a client sees them)
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -259,7 +263,7 @@ gdn_kv_check)
 kvq_check)
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  timeout 120 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
     tests/model/test_kv_types.py -p no:cacheprovider > "$OUT/logs/test_kvq_gpu.log" 2>&1
   say "coded-cache GPU tests (exit $?): $(tail -1 "$OUT/logs/test_kvq_gpu.log")"
   grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_kvq_gpu.log" | cut -c1-300 | head -10
@@ -289,6 +293,25 @@ decode_profile)
       --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
     say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -40
   done
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+serving_check)
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  gen=$!
+  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/engine tests/server -p no:cacheprovider \
+    > "$OUT/logs/test_serving_gpu.log" 2>&1
+  say "engine and server GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serving_gpu.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_serving_gpu.log" | cut -c1-300 | head -10
+  wait $gen
+  timeout 120 python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda -n 20 \
+    > "$OUT/logs/structured_9b.log" 2>&1
+  say "structured output (exit $?):"; tail -4 "$OUT/logs/structured_9b.log"
+  timeout 200 python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
+    > "$OUT/logs/prefix_gate.log" 2>&1
+  say "prefix gate (exit $?):"; grep -v "^WARNING" "$OUT/logs/prefix_gate.log" | tail -3
+  timeout 150 python3 -m benchmarks.e2e.server_stream --model models/q35-9b-vocab.gguf --backend cuda \
+    --out "$OUT/server_stream.json" > "$OUT/logs/server_stream.log" 2>&1
+  say "server stream (exit $?):"; grep -v "^WARNING" "$OUT/logs/server_stream.log" | tail -6
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 gdn_final)
