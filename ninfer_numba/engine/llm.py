@@ -180,12 +180,11 @@ class LLM:
             self.runner.prefill(ids[start:b])
             start = b
             self._fed = ids[:b]
-            if not cache.has(ids[:b]):
-                cache.put(ids[:b], self.runner.snapshot())
+            self._snapshot(ids[:b])
         return ids[start:]
 
     def _snapshot(self, ids: list[int]) -> None:
-        """Keep the state after the whole prompt ids (its prefill has run, no generated token yet)."""
+        """Keep the state after ids (their prefill has run, nothing after them yet), unless already kept."""
         cache = self.prefix_cache
         if cache is not None and not cache.has(ids):
             cache.put(ids, self.runner.snapshot())

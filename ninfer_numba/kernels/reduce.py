@@ -18,6 +18,15 @@ def row_sum_f32(v, width):
 
 
 @cuda.jit(device=True)
+def row_max_f32(v, width):
+    """Maximum of v over each aligned group of ``width`` lanes, as row_sum_f32 sums (same contract)."""
+    for m in (16, 8, 4, 2, 1):
+        if m < width:
+            v = max(v, shfl_xor_f32(v, m))
+    return v
+
+
+@cuda.jit(device=True)
 def block_sum_pow2(s_buf, tid, n):
     """Tree sum of s_buf[0:n] in shared memory (n a power of two, every thread of the block calls it).
 

@@ -34,8 +34,8 @@ from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32, syncwarp
-from ninfer_numba.kernels.reduce import row_sum_f32
+from ninfer_numba.kernels.ptx import shfl_idx_f32, syncwarp
+from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
 
 NW = 4                      # warps per partial block
 TPB = 32 * NW
@@ -65,13 +65,6 @@ def fwht_rows(s_x, off, rows, d, tid, nthreads):
             s_x[a + half] = u - v
         cuda.syncthreads()
         lg += uint32(1)
-
-
-@cuda.jit(device=True, inline=True)
-def _warp_max(v):
-    for m in (16, 8, 4, 2, 1):
-        v = max(v, shfl_xor_f32(v, m))
-    return v
 
 
 def partial_smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
@@ -191,7 +184,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             key_dots(smem, smem_u, uint32(t_base + lane * KS), dots)
             for g in range(G):                            # online softmax of head g over this tile
                 score = dots[g] * kn * SCORE if lane < nk else NEG_INF
-                m_new = max(m[g], _warp_max(score))
+                m_new = max(m[g], row_max_f32(score, 32))
                 alpha = math.exp(m[g] - m_new)
                 p = math.exp(score - m_new)
                 lsum[g] = lsum[g] * alpha + row_sum_f32(p, 32)
