@@ -48,6 +48,9 @@
 #               computed during the forward, prefix snapshots), then on a 9B file with the vocabulary:
 #               structured_output (grammar cost per token), prefix_gate (second-turn TTFT, shared system
 #               prompt) and server_stream (TTFT and t/s as a client sees them)
+#   STAGE=branches: every GPU test the waiting branches touch (coded caches, engine, server, shards) in 8
+#               processes while two 9B files build; then decode_profile (depth 0, 8192) and bench_attn's
+#               decode rows, each step given what is left of a 570 s budget
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -293,6 +296,29 @@ decode_profile)
       --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
     say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -40
   done
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+branches)
+  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  genv=$!
+  timeout 300 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/model/test_kv_types.py tests/engine tests/server -p no:cacheprovider --durations=10 \
+    > "$OUT/logs/test_branches_gpu.log" 2>&1
+  say "branch GPU tests (exit $?): $(tail -1 "$OUT/logs/test_branches_gpu.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_branches_gpu.log" | cut -c1-300 | head -20
+  grep -A10 "slowest" "$OUT/logs/test_branches_gpu.log" | cut -c1-150
+  wait $gen $genv
+  for depth in 0 8192; do
+    timeout $(left) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf --depth $depth \
+      --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
+    say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -45
+  done
+  timeout $(left) python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
+    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 serving_check)
