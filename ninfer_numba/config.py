@@ -235,6 +235,7 @@ class EngineConfig:
     prefix_cache_mb: int = 1024    # snapshots of states at prompt prefixes, reused across requests; 0: off
     snapshot_every: int = 2048     # a snapshot at every multiple of this many prompt tokens (prefix_cache.py)
     device: int = 0
+    gpus: str = ""                 # split by layers over these GPUs: a count or a list of ids (shard_plan.py)
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "cpu", "cuda"):
@@ -247,5 +248,8 @@ class EngineConfig:
             raise ValueError("prefix_cache_mb must be >= 0 and snapshot_every >= 1")
         if self.gemm not in ("auto", "w8a16", "mma", "dp4a"):
             raise ValueError(f"gemm must be auto, w8a16, mma or dp4a, not {self.gemm!r}")
+        if self.gpus:
+            from ninfer_numba.engine.shard_plan import parse_gpus
+            parse_gpus(self.gpus)                # a bad list fails here, before any weight is read
         if self.kv_type not in KV_CACHE_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_CACHE_TYPES)}, not {self.kv_type!r}")

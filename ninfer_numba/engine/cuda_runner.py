@@ -145,18 +145,25 @@ class CudaRunner:
         """One decode step, its position counted: a graph replay (the captured forward's own count ran once,
         at capture), or under the CUDA simulator, which has no graphs, the same launches eagerly (forward
         counts the position itself). The logprobs variants are captured the first time they are asked for."""
+        self._launch_captured((sampled, logprobs), lambda: self._decode_step_kernels(sampled, logprobs))
+        if not SIMULATOR:
+            self.state.host_pos += 1
+
+    def _launch_captured(self, key, enqueue) -> None:
+        """enqueue()'s launches replayed from the graph kept under key (captured the first time); under the
+        simulator, which has no graphs, run eagerly. A captured forward counted the position once, at capture:
+        the host count is put back, and the caller counts each replay."""
         if SIMULATOR:
-            self._decode_step_kernels(sampled, logprobs)
+            enqueue()
             return
-        graph = self._graphs.get((sampled, logprobs))
+        graph = self._graphs.get(key)
         if graph is None:
             pos = self.state.host_pos
-            graph = self._graphs[sampled, logprobs] = CudaGraph(self.stream)
+            graph = self._graphs[key] = CudaGraph(self.stream)
             with graph.capture():                      # records only; nothing runs yet
-                self._decode_step_kernels(sampled, logprobs)
+                enqueue()
             self.state.host_pos = pos
         graph.launch()
-        self.state.host_pos += 1
 
     def _run_tokens(self, ids: np.ndarray, st: SequenceState, on_chunk=None, **taps) -> list[int]:
         """Eager forward of ids in chunks of at most prefill_chunk tokens; last row's logits in logits[0].
@@ -231,6 +238,10 @@ class CudaRunner:
             raise ValueError(f"context overflow: {self.state.host_pos} + {n} tokens > max_seq {self.max_seq}")
 
     # -- runner protocol (engine/llm.py) ---------------------------------------------------------------
+    @property
+    def gemm_path(self) -> str:
+        return self.model.gemm_path
+
     def reset(self) -> None:
         self.state.reset(self.stream)
 
@@ -304,22 +315,31 @@ class CudaRunner:
         self.penalty_counts.copy_to_device(np.ascontiguousarray(window, np.int32), stream=self.stream)
         self.sample_params.copy_to_device(pack_sample_params(**params), stream=self.stream)
 
-    def prefill_sampled(self, ids: list[int], mask: np.ndarray | None = None, logprobs: bool = False) -> int:
+    def prefill_sampled(self, ids: list[int], mask=None, logprobs: bool = False) -> int:
         """Run the prompt and draw the first token on the device (under ``mask``, see decode_sampled); with
         logprobs its record is then read by last_logprob."""
         self._check_room(len(ids))
         self._run_tokens(np.asarray(ids, np.int32), self.state)
-        self._load_mask(mask)
+        self._load_mask(mask() if callable(mask) else mask)      # a function runs while the prompt does
         self._pick_kernels(sampled=True, logprobs=logprobs)
         return self._read_token(logprobs)
 
-    def decode_sampled(self, token: int, mask: np.ndarray | None = None, logprobs: bool = False) -> int:
-        """One sampled graph replay from ``token``; the drawn token is read back. mask: a grammar's allowed set
-        as TokenConstraint.bitmask packs it (int32 [ceil(V/32)]), drawn under when the sampler settings were
-        loaded with masked=True. One step at a time: the next mask needs this token."""
+    def decode_sampled(self, token: int, mask=None, logprobs: bool = False) -> int:
+        """One sampled step from ``token``; the drawn token is read back. mask: a grammar's allowed set as
+        TokenConstraint.bitmask packs it (int32 [ceil(V/32)]), drawn under when the sampler settings were
+        loaded with masked=True; or a function returning it, called while the step's forward runs (two
+        replays, forward then pick: the grammar's host work overlaps the GPU instead of adding to each
+        token). One step at a time: the next mask needs this token."""
         self._set_token(token)
-        self._load_mask(mask)
-        self._replay(sampled=True, logprobs=logprobs)
+        if not callable(mask):
+            self._load_mask(mask)
+            self._replay(sampled=True, logprobs=logprobs)
+            return self._read_token(logprobs)
+        self._launch_captured("forward", lambda: self.model.forward(1, self.state))
+        if not SIMULATOR:
+            self.state.host_pos += 1
+        self._load_mask(mask())
+        self._launch_captured(("pick", logprobs), lambda: self._pick_kernels(sampled=True, logprobs=logprobs))
         return self._read_token(logprobs)
 
     def _load_mask(self, mask: np.ndarray | None) -> None:

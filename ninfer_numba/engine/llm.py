@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -66,6 +67,10 @@ class LLM:
             from ninfer_numba.engine.cpu_runner import CpuRunner
             self.runner = CpuRunner(self.weights, max_seq, emulate_int8=emulate_int8,
                                     kv_type=self.engine_config.kv_type)
+        elif self.backend == "cuda" and self.engine_config.gpus:
+            from ninfer_numba.engine.shard_plan import parse_gpus
+            from ninfer_numba.engine.sharded_runner import ShardedCudaRunner
+            self.runner = ShardedCudaRunner(self.weights, self.engine_config, parse_gpus(self.engine_config.gpus))
         elif self.backend == "cuda":
             from ninfer_numba.engine.cuda_runner import CudaRunner
             self.runner = CudaRunner(self.weights, self.engine_config)
@@ -85,9 +90,13 @@ class LLM:
 
     def describe(self) -> dict:
         e = self.engine_config
-        gemm = self.runner.model.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
-        return {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
-                "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs}
+        gemm = self.runner.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
+        out = {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
+               "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs}
+        plan = getattr(self.runner, "plan", None)
+        if plan is not None:
+            out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]
+        return out
 
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -112,11 +121,14 @@ class LLM:
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         return params.stop_ids(self.tokenizer.eos_ids if self.tokenizer is not None else ())
 
-    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> Iterator[int]:
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None,
+               snapshot_at: Sequence[int] = ()) -> Iterator[int]:
         """Yield generated ids one at a time; stops after max_tokens or after yielding a stop token.
 
         constraint: a grammar over the generated tokens (engine/constraint.py), or None. With
-        params.logprobs set, ``last_logprobs[i]`` describes the i-th yielded token once it is yielded."""
+        params.logprobs set, ``last_logprobs[i]`` describes the i-th yielded token once it is yielded.
+        snapshot_at: prompt lengths where the prefix cache should also keep the state (a chat's system turn
+        and its history before the generation prompt, where the next turn departs: server/chat.py)."""
         ids = self.encode(prompt_ids)
         self._check_fits(len(ids), params.max_tokens)
         sampler = Sampler(params, self.config.n_vocab, prompt_ids=ids, constraint=constraint)
@@ -124,7 +136,7 @@ class LLM:
         if params.max_tokens == 0:
             return
         stops = self.stop_ids(params)
-        rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids))
+        rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids), snapshot_at)
         generated: list[int] = []
         try:
             step = self._token_steps(sampler, rest, lambda: self._snapshot(ids))
@@ -150,7 +162,7 @@ class LLM:
         self._reset()
         return ids
 
-    def _resume_from_snapshots(self, ids: list[int], rest: list[int]) -> list[int]:
+    def _resume_from_snapshots(self, ids: list[int], rest: list[int], extra: Sequence[int] = ()) -> list[int]:
         """With a prefix cache: restore its longest snapshot of ids if that beats the live state's reuse, then
         prefill up to each snapshot boundary of the prompt and keep a snapshot there. Returns the tokens still
         to run (at least the last one, whose logits the first pick needs)."""
@@ -164,7 +176,7 @@ class LLM:
             self.runner.restore(snap)
             self._fed = ids[:start]
             self.last_cached_tokens = start
-        for b in cache.boundaries(start, len(ids)):
+        for b in cache.boundaries(start, len(ids), extra):
             self.runner.prefill(ids[start:b])
             start = b
             self._fed = ids[:b]
@@ -210,12 +222,13 @@ class LLM:
             # the device draws under the grammar's mask; the next mask needs this token, so no step runs ahead
             n_vocab = self.config.n_vocab
             r.start_sampling(window, sampler.device_params())
-            tok = r.prefill_sampled(ids, mask=sampler.mask_words(n_vocab), logprobs=logprobs)
+            mask = partial(sampler.mask_words, n_vocab)  # computed by the runner while its forward runs
+            tok = r.prefill_sampled(ids, mask=mask, logprobs=logprobs)
             prefilled()
             while True:
                 note(tok)
                 sampler.record_masked(tok)
-                tok = r.decode_sampled((yield tok), mask=sampler.mask_words(n_vocab), logprobs=logprobs)
+                tok = r.decode_sampled((yield tok), mask=mask, logprobs=logprobs)
         elif on_device and sampler.constraint is None and (sampler.is_plain_greedy or window is not None):
             # the device picks every token and the next step is queued before the host sees this one
             sampled = not sampler.is_plain_greedy

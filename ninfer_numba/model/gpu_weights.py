@@ -50,16 +50,23 @@ class GpuLayer:
 
 
 class GpuWeights:
-    def __init__(self, w: ModelWeights, *, log=None) -> None:
+    """The model's weights on the current device, or one shard's part of them (engine/shard_plan.py): the
+    layers in ``layers`` (default all), the token embedding if ``embedding``, the output norm and head if
+    ``head``; a part without them holds None there."""
+
+    def __init__(self, w: ModelWeights, *, layers: range | None = None, embedding: bool = True,
+                 head: bool = True, log=None) -> None:
         self.config = c = w.config
         self._w = w
         self._log = log or log_to_stderr
         self._converted: list[str] = []
         t0 = time.perf_counter()
-        self.token_embd = self._stack(["token_embd.weight"])
-        self.output = self.token_embd if c.tied_embeddings else self._stack(["output.weight"])
-        self.output_norm = self._vec("output_norm.weight")
-        self.layers = [self._layer(i) for i in range(c.n_layer)]
+        tied = c.tied_embeddings
+        embd = self._stack(["token_embd.weight"]) if embedding or (head and tied) else None
+        self.token_embd = embd if embedding else None      # a tied head on its own shard keeps its own copy
+        self.output = (embd if tied else self._stack(["output.weight"])) if head else None
+        self.output_norm = self._vec("output_norm.weight") if head else None
+        self.layers = [self._layer(i) for i in (range(c.n_layer) if layers is None else layers)]
         if self._converted:
             self._log(f"note: {len(self._converted)} float matrices quantized to Q8_0 at load "
                       f"(e.g. {self._converted[0]}); every GEMM in this engine is int8")
@@ -67,7 +74,8 @@ class GpuWeights:
 
     @property
     def nbytes(self) -> int:
-        mats = [self.token_embd] + ([] if self.output is self.token_embd else [self.output])
+        mats = [m for m in (self.token_embd, self.output) if m is not None]
+        mats = mats[:1] if len(mats) == 2 and mats[0] is mats[1] else mats
         for L in self.layers:
             mats += [L.w_in, L.w_out, L.w_gate_up, L.w_down]
         return sum(m.nbytes for m in mats)

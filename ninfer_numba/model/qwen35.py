@@ -57,14 +57,14 @@ class SequenceState:
     is then one shared float16 scratch, where the QK-norm + RoPE kernel leaves the new rows before they are
     coded and where a prefill decodes the layer's cached rows for the f16 attention kernel."""
 
-    def __init__(self, c: ModelConfig, max_seq: int, stream, kv_type: str = "f16") -> None:
+    def __init__(self, c: ModelConfig, max_seq: int, stream, kv_type: str = "f16", layers: range | None = None) -> None:
         self.max_seq = max_seq
         self.k_cache, self.v_cache, self.conv, self.ssm = {}, {}, {}, {}
         self.kvq: dict[int, tuple] = {}               # layer -> (k codes, k norms, v codes, v norms)
         rows = (c.n_head_kv, max_seq, c.head_dim)
         f16_rows = lambda: cuda.device_array(rows, np.float16, stream=stream)  # noqa: E731
         scratch = (f16_rows(), f16_rows()) if kv_type in KV_TYPES else None
-        for i in range(c.n_layer):
+        for i in range(c.n_layer) if layers is None else layers:    # a shard's state holds its layers only
             if c.is_attention_layer(i) and scratch is not None:
                 self.k_cache[i], self.v_cache[i] = scratch
                 self.kvq[i] = tuple(cuda.device_array(shape, dt, stream=stream) for shape, dt in
@@ -126,8 +126,10 @@ class Qwen35Gpu:
         self.engine = engine
         self.stream = stream
         self.buf = Buffers(c, engine.prefill_chunk, stream)
-        self.logits = cuda.device_array((engine.prefill_chunk, c.n_vocab), np.float32, stream=stream) \
-            if engine.prefill_chunk * c.n_vocab * 4 <= 2 << 30 else cuda.device_array((1, c.n_vocab), np.float32)
+        self.layer_range = range(weights.layers[0].index, weights.layers[-1].index + 1)
+        rows = engine.prefill_chunk if engine.prefill_chunk * c.n_vocab * 4 <= 2 << 30 else 1
+        self.logits = cuda.device_array((rows if weights.output is not None else 1, c.n_vocab), np.float32,
+                                        stream=stream)
         self.next_token = cuda.device_array(1, np.int32, stream=stream)
         self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
         self.gdn_sync = make_decode_sync_counts(c.ssm_groups, c.ssm_heads, stream=stream)
@@ -152,7 +154,7 @@ class Qwen35Gpu:
 
     def new_state(self, max_seq: int) -> SequenceState:
         """A sequence's device memory in this model's KV format."""
-        return SequenceState(self.c, max_seq, self.stream, self.kv_type)
+        return SequenceState(self.c, max_seq, self.stream, self.kv_type, self.layer_range)
 
     # -- activations and matmuls --------------------------------------------------------------------
     def uses_f16_activations(self, t: int) -> bool:
@@ -203,6 +205,8 @@ class Qwen35Gpu:
     # -- one forward over the tokens already in buf.tokens[:t] ----------------------------------------
     def forward(self, t: int, st: SequenceState, *, logits_rows: int = 1, tap=None, act_tap=None) -> None:
         """Run t tokens (buf.tokens[:t]) at st.pos; the last ``logits_rows`` rows' logits land in self.logits.
+        A shard's part (GpuWeights without the embedding) starts from the hidden state its caller put in buf.x
+        [t, n_embd]; one without the head leaves its layers' output there.
 
         tap(i, x): called with the residual stream x [t, n_embd] (device) after the embedding (i = -1) and
         after each layer i, for layer-by-layer checks; act_tap(i, point, q, d): called with each activation a
@@ -213,10 +217,12 @@ class Qwen35Gpu:
         c, b, s = self.c, self.buf, self.stream
         position.set_kv_len(st.pos, st.kv_len, t, stream=s)
         x = b.mat(b.x, t, c.n_embd)
-        embed_gather_q8(self.w.token_embd.wq, self.w.token_embd.ws, b.tokens[:t], x, stream=s)
-        if tap is not None:
-            tap(-1, x)
-        for i, L in enumerate(self.w.layers):
+        if self.w.token_embd is not None:
+            embed_gather_q8(self.w.token_embd.wq, self.w.token_embd.ws, b.tokens[:t], x, stream=s)
+            if tap is not None:
+                tap(-1, x)
+        for L in self.w.layers:
+            i = L.index
             act = self._norm_act(x, L.attn_norm, t)
             seen(i, "mixer_in", *act)
             if L.is_attention:
@@ -235,10 +241,11 @@ class Qwen35Gpu:
             self._matmul(L.w_down, act, x, accumulate=True)
             if tap is not None:
                 tap(i, x)
-        r = logits_rows
-        act = self._norm_act(x[t - r:], self.w.output_norm, r)
-        seen(len(self.w.layers), "head", *act)
-        self._matmul(self.w.output, act, self.logits[:r])
+        if self.w.output is not None:
+            r = logits_rows
+            act = self._norm_act(x[t - r:], self.w.output_norm, r)
+            seen(c.n_layer, "head", *act)
+            self._matmul(self.w.output, act, self.logits[:r])
         position.advance(st.pos, t, stream=s)
         st.host_pos += t
 

@@ -36,6 +36,7 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 _IMAGE_PARTS = {"image_url", "input_image", "image"}
 # Arguments the server passes to the template itself; a chat_template_kwargs entry cannot override them.
+SYSTEM_OPEN = "<|im_start|>system\n"
 _RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "enable_thinking"}
 _TEMPLATE_ERRORS = (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError)
 
@@ -52,22 +53,38 @@ class ChatPrompt:
     forced_function: str | None = None
     literals: list[str] = field(default_factory=list)   # special-token strings from content, as placeholders
     nonce: str = ""
+    # prefixes of text worth a state snapshot: the leading system turn's end (what clients sharing a system
+    # prompt share) and the last message's end (before the generation prompt: where the next turn departs)
+    cut_texts: tuple[str, ...] = ()
 
     def parser(self) -> ChatOutputParser:
         return ChatOutputParser(start_in_reasoning=self.thinking, tools=self.tools,
                                 start_in_call=self.start_in_call, forced_function=self.forced_function)
 
-    def encode(self, tokenizer) -> list[int]:
-        """Token ids: the template's text with special tokens parsed, the content's special strings as text."""
+    def encode(self, tokenizer, text: str | None = None) -> list[int]:
+        """Token ids: the template's text (or ``text``) with special tokens parsed, the content's special
+        strings as text."""
+        text = self.text if text is None else text
         ids: list[int] = []
         at = 0
-        for m in _PLACEHOLDER.finditer(self.text):
+        for m in _PLACEHOLDER.finditer(text):
             if m.group(1) != self.nonce:
                 continue
-            ids += tokenizer.encode(self.text[at:m.start()], parse_special=True)
+            ids += tokenizer.encode(text[at:m.start()], parse_special=True)
             ids += tokenizer.encode(self.literals[int(m.group(2))], parse_special=False)
             at = m.end()
-        return ids + tokenizer.encode(self.text[at:], parse_special=True)
+        return ids + tokenizer.encode(text[at:], parse_special=True)
+
+    def cut_lengths(self, tokenizer, ids: list[int]) -> tuple[int, ...]:
+        """Token lengths of cut_texts that are exact prefixes of the prompt's ids (``encode``'s): after the
+        system turn, and after the conversation before the generation prompt (where the next turn's prompt
+        departs from this one: the template renders the answer there without this turn's opened <think>)."""
+        out = []
+        for text in self.cut_texts:
+            head = self.encode(tokenizer, text)
+            if 0 < len(head) < len(ids) and ids[:len(head)] == head:
+                out.append(len(head))
+        return tuple(sorted(set(out)))
 
 
 def protect_special_text(messages: list[dict[str, Any]], control: tuple[str, ...], added: tuple[str, ...]):
@@ -239,14 +256,19 @@ def build_chat_prompt(req: ChatCompletionRequest, chat_template: str | None,
     try:
         text = render(messages, tools=prompt_tools, add_generation_prompt=True, enable_thinking=thinking,
                       template=chat_template, **kwargs)
+        cuts = [render(messages, tools=prompt_tools, add_generation_prompt=False, enable_thinking=thinking,
+                       template=chat_template, **kwargs)]
     except _TEMPLATE_ERRORS as exc:   # includes the template's raise_exception(...)
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
+    if text.startswith(SYSTEM_OPEN) and "<|im_start|>" in text[1:]:    # the system turn (tools included)
+        cuts.append(text[:text.index("<|im_start|>", 1)])
     if choice == "required":
         text += CALL_OPEN + "\n"
     elif choice == "function":
         text += f"{CALL_OPEN}\n<function={forced}>\n"
     return ChatPrompt(text=text, thinking=prompt_ends_in_think(text), tools=tools if choice != "none" else None,
-                      start_in_call=choice == "required", forced_function=forced, literals=literals, nonce=nonce)
+                      start_in_call=choice == "required", forced_function=forced, literals=literals, nonce=nonce,
+                      cut_texts=tuple(c for c in cuts if c and len(c) < len(text) and text.startswith(c)))
 
 
 def prompt_ends_in_think(prompt: str) -> bool:

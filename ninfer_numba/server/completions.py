@@ -52,10 +52,12 @@ async def chat_completions(request: Request, server) -> Any:
     tokenizer = server.require_tokenizer()
     prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
     ids = await asyncio.to_thread(prompt.encode, tokenizer)     # long prompts: off the event loop
+    cuts = await asyncio.to_thread(prompt.cut_lengths, tokenizer, ids)
     params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
     constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
                                          params.stop_ids(tokenizer.eos_ids))
-    job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint)
+    job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint,
+              snapshot_at=cuts)
     header = server.header("chat", req)
     server.submit(job)
     if req.stream:

@@ -69,8 +69,9 @@ class Job:
     """One request's generation. Events (lists of parser events, then Finished or Failed) go to `events`."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], parser: Any,
-                 loop: asyncio.AbstractEventLoop, constraint=None):
+                 loop: asyncio.AbstractEventLoop, constraint=None, snapshot_at: tuple[int, ...] = ()):
         self.prompt_ids = prompt_ids
+        self.snapshot_at = snapshot_at        # prompt prefixes worth a state snapshot (server/chat.py cuts)
         self.params = params
         self.constraint = constraint          # a grammar over the generated tokens (engine/constraint.py)
         self.stops = stops
@@ -133,7 +134,7 @@ def run_job(llm, job: Job) -> None:
     parser = job.parser
     n_generated = n_reasoning = 0
     reason = "length"
-    stream = llm.stream(job.prompt_ids, job.params, job.constraint)
+    stream = llm.stream(job.prompt_ids, job.params, job.constraint, snapshot_at=job.snapshot_at)
     with_logprobs = job.params.logprobs is not None
     try:
         for token_id in stream:

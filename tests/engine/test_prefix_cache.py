@@ -32,6 +32,24 @@ def test_clients_sharing_a_prefix_prefill_it_once(tiny_model):
     assert again.cached_tokens == 32 and again.token_ids == a.token_ids
 
 
+def test_a_snapshot_where_the_chat_history_ends(tiny_model):
+    """stream(snapshot_at=k) keeps the state after the first k prompt tokens too: a later prompt that shares
+    exactly those k (the next turn of a chat: server/chat.py) restores it after another sequence ran."""
+    llm = _llm(tiny_model)
+    assert llm.prefix_cache.boundaries(0, 44, (42,)) == [16, 32]   # 10 tokens past 32: not worth a split
+    llm.prefix_cache.min_gain = 8
+    first = SYSTEM + [11, 12, 13, 14]                      # 44 tokens; history ends at 42
+    list(llm.stream(first, GREEDY, snapshot_at=(42,)))
+    llm.generate([7, 7, 7], GREEDY)
+    turn2 = first[:42] + [50, 51, 52]
+    out = llm.generate(turn2, GREEDY)
+    assert out.cached_tokens == 42
+    assert out.token_ids == _llm(tiny_model, prefix_cache_mb=0).generate(turn2, GREEDY).token_ids
+    assert llm.prefix_cache.boundaries(0, 44, (42,)) == [16, 32, 42] and llm.prefix_cache.boundaries(42, 44, (42,)) == []
+    assert llm.prefix_cache.boundaries(0, 44, (20, 36)) == [16, 32]          # 4 past the cuts before them
+    assert llm.prefix_cache.boundaries(0, 44, (24, 28)) == [16, 24, 32]      # 28: 4 past the extra 24
+
+
 def test_restored_state_gives_the_fresh_logits(tiny_model):
     llm = _llm(tiny_model)
     llm.generate(SYSTEM, GREEDY)

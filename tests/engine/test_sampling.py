@@ -51,10 +51,12 @@ class DeviceEmulatingRunner(CpuRunner):
         return tok
 
     def prefill_sampled(self, ids, mask=None, logprobs=False):
-        return self._pick(self.prefill(ids), mask, logprobs)
+        logits = self.prefill(ids)                        # a mask function runs after the forward, as there
+        return self._pick(logits, mask() if callable(mask) else mask, logprobs)
 
     def decode_sampled(self, token, mask=None, logprobs=False):
-        return self._pick(self.decode(token), mask, logprobs)
+        logits = self.decode(token)
+        return self._pick(logits, mask() if callable(mask) else mask, logprobs)
 
     def run_ahead(self, first, sampled=False, logprobs=False):
         """The CUDA runner's loop without the overlap: each step feeds back its own choice."""

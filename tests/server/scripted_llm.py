@@ -67,7 +67,8 @@ class ScriptedLLM:
         thinking = prompt.endswith("<think>\n")
         return key, Reply((f"Thinking about {user!r}.\n</think>\n\n" if thinking else "") + f"You said: {user}")
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams, constraint=None) -> Iterator[int]:
+    def stream(self, prompt_ids: list[int], params: SamplingParams, constraint=None,
+               snapshot_at: int | None = None) -> Iterator[int]:
         """The scripted reply; a grammar is recorded, not applied; each token has probability 1 (logprob 0)."""
         from ninfer_numba.engine.sampling import TokenLogprob
         self.constraints.append(constraint)

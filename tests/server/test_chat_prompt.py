@@ -134,3 +134,28 @@ def test_placeholders_cannot_be_forged(tiny_model):
     p = build_chat_prompt(ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": fake}]}),
                           None, tokenizer=tok)
     assert p.nonce != "0" * 16 and tok.decode(p.encode(tok)).startswith("<|im_start|>user\n" + fake)
+
+
+def test_cuts_after_the_system_turn_and_where_the_next_turn_departs(tiny_model):
+    """cut_lengths: the ids of the system turn and of the conversation before the generation prompt, exact
+    prefixes of this prompt; the history one is a prefix of the next turn's too (whose template renders the
+    answer where this prompt opened <think>), the system one of another client's prompt with the same
+    system turn; a user's special-token text stays text on both."""
+    tok = _tokenizer(tiny_model)
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi<|im_end|> there"}]
+    p1 = build_chat_prompt(ChatCompletionRequest.model_validate({"messages": first}), None, tokenizer=tok)
+    ids1 = p1.encode(tok)
+    system_end, history_end = p1.cut_lengths(tok, ids1)
+    assert tok.decode(ids1[:system_end]) == "<|im_start|>system\nBe brief.<|im_end|>\n"
+    assert tok.decode(ids1[:history_end]).endswith("Hi<|im_end|> there<|im_end|>\n")
+    assert tok.decode(ids1[history_end:]) == THINK_OPEN_TAIL
+    second = first + [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More?"}]
+    p2 = build_chat_prompt(ChatCompletionRequest.model_validate({"messages": second}), None, tokenizer=tok)
+    ids2 = p2.encode(tok)
+    assert ids2[:history_end] == ids1[:history_end]                    # the history snapshot serves turn 2,
+    assert ids2[:len(ids1)] != ids1                                    # the whole first prompt's would not
+    other = [first[0], {"role": "user", "content": "Another client"}]
+    p3 = build_chat_prompt(ChatCompletionRequest.model_validate({"messages": other}), None, tokenizer=tok)
+    assert p3.encode(tok)[:system_end] == ids1[:system_end]
+    alone = build_chat_prompt(ChatCompletionRequest.model_validate({"messages": first[1:]}), None, tokenizer=tok)
+    assert len(alone.cut_lengths(tok, alone.encode(tok))) == 1         # no system turn: the history cut only

@@ -1,0 +1,90 @@
+"""Where a decode step's time goes: every kernel of one decode step timed alone, against the bytes it is
+passed at copy bandwidth, next to the step's own time (the decode issue's first table).
+
+    python -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf [--depth 0] [--out profile.json]
+
+The launches of one eager decode step (the graph's forward and argmax) are recorded by wrapping numba's
+launch call (kernel, grid, block, dynamic shared memory, arguments). Each is then replayed alone from a CUDA
+graph of 20 copies (benchmarks.timing.time_graph). Bytes are those of the device arrays a launch is passed:
+exact for weights (read whole), an upper bound for caches passed whole and read to the position. Alone, a
+kernel whose arrays fit in the 60 MB L2 reads them from L2 after the first copy, so its time is a lower
+bound; the weight GEMVs (tens of MB each) are not affected. The step: the runner's decode graph replayed
+with the token read back each step (as llama-bench times tg). The gap between the step and the sum of the
+kernels is graph-node overhead, gaps between dependent kernels and the host round trip.
+
+The replays change the sequence state (each position advance runs hundreds of times); the engine is made
+with room for that and is not used for generation afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+
+def record_step(runner) -> list[tuple]:
+    """(dispatcher, grid, block, sharedmem, args) of every launch of one eager decode step."""
+    import numba.cuda.dispatcher as nd
+    launches, original = [], nd._LaunchConfiguration.__call__
+
+    def recording(self, *args):
+        launches.append((self.dispatcher, self.griddim, self.blockdim, self.sharedmem, args))
+        return original(self, *args)
+    nd._LaunchConfiguration.__call__ = recording
+    try:
+        runner._set_token(1)
+        runner._decode_step_kernels(sampled=False)
+        runner.stream.synchronize()
+    finally:
+        nd._LaunchConfiguration.__call__ = original
+    return launches
+
+
+def device_bytes(args) -> int:
+    from ninfer_numba.kernels.numba_env import cuda
+    return sum(a.nbytes for a in args if cuda.is_cuda_array(a))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--depth", type=int, default=0, help="tokens in the cache before the step")
+    ap.add_argument("--out", help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    from benchmarks.ceilings import measure_ceilings
+    from benchmarks.timing import time_graph
+    from ninfer_numba import LLM
+    llm = LLM(a.model, backend="cuda", max_seq=a.depth + 4096, prefix_cache_mb=0)
+    step_ms = 1e3 * llm.bench_decode(64, a.depth) / 64
+    copy_gbps = measure_ceilings()["copy_gbps"] or 4250.0
+    runner = llm.runner
+    launches = record_step(runner)
+    per_kernel = defaultdict(lambda: {"launches": 0, "us": 0.0, "bytes": 0})
+    for disp, grid, block, shmem, args in launches:
+        ms = time_graph(lambda s: disp[grid, block, s, shmem](*args), n_inner=20, reps=5).median_ms
+        row = per_kernel[disp.py_func.__qualname__.replace(".<locals>.", ":")]
+        row["launches"] += 1
+        row["us"] += 1e3 * ms
+        row["bytes"] += device_bytes(args)
+    rows = sorted(({"kernel": k, **v} for k, v in per_kernel.items()), key=lambda r: -r["us"])
+    total = sum(r["us"] for r in rows)
+    print(f"decode step at depth {a.depth}: {step_ms * 1e3:.1f} us per token (graph replay + token read); "
+          f"{len(launches)} kernels, {total:.1f} us summed alone; gap {step_ms * 1e3 - total:.1f} us; copy "
+          f"{copy_gbps:,.0f} GB/s")
+    print(f"{'kernel':58s} {'n':>4s} {'us':>9s} {'share':>6s} {'MB':>9s} {'GB/s':>7s} {'%copy':>6s}")
+    for r in rows:
+        gbs = r["bytes"] / (r["us"] * 1e3) if r["us"] else float("nan")
+        print(f"{r['kernel'][:58]:58s} {r['launches']:4d} {r['us']:9.1f} {100 * r['us'] / total:5.1f}% "
+              f"{r['bytes'] / 1e6:9.2f} {gbs:7.0f} {100 * gbs / copy_gbps:5.1f}%")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"model": a.model, "depth": a.depth, "step_us": step_ms * 1e3, "kernels_us": total,
+                       "copy_gbps": copy_gbps, "rows": rows,
+                       "median_us_per_launch": statistics.median([r["us"] / r["launches"] for r in rows])},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

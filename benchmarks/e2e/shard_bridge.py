@@ -1,0 +1,82 @@
+"""The split by layers on one GPU (engine/sharded_runner.py): what the pinned-host bridge costs, and whether
+the prefill chunks pipeline through the shards.
+
+    python -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf [--prompt 8192] [--gen 64] [--shards 2]
+
+Runs the model as one shard and as --shards shards on GPU 0 (the same runner: eager prefill chunks, one
+graph per shard per decode step), and the plain cuda runner beside them. Prints the prefill time of --prompt
+tokens and the decode time per token (medians of 3), the difference between the split and the single shard
+(the bridge: hand-offs through host memory, event waits, one more graph per step), and from one traced
+prefill each shard's busy time per chunk and how much of it overlapped the other shards' (pipelining).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+
+def _timeline(llm, ids) -> list[tuple[int, int, float, float]]:
+    """(shard, chunk, start ms, end ms) of every shard body of one prefill, from the runner's events."""
+    from ninfer_numba.kernels.numba_env import cuda
+    r = llm.runner
+    r.reset()
+    r.trace = []
+    r.prefill(ids)
+    r._sync()
+    base = r.trace[0][2]
+    rows = [(k, c, cuda.event_elapsed_time(base, a), cuda.event_elapsed_time(base, b)) for k, c, a, b in r.trace]
+    r.trace = None
+    return rows
+
+
+def _overlap(rows) -> float:
+    """ms during which two or more shard bodies ran at once."""
+    edges = sorted([(a, 1) for _, _, a, _ in rows] + [(b, -1) for _, _, _, b in rows])
+    depth, last, total = 0, 0.0, 0.0
+    for t, d in edges:
+        if depth >= 2:
+            total += t - last
+        depth += d
+        last = t
+    return total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt", type=int, default=8192)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--prefill-chunk", type=int, default=2048)
+    a = ap.parse_args(argv)
+    import numpy as np
+
+    from ninfer_numba import LLM
+    max_seq = a.prompt + a.gen + 8
+    ids = np.random.default_rng(0).integers(0, 1000, a.prompt).tolist()
+    results = {}
+    split_gpus = ",".join(["0"] * a.shards)
+    for label, gpus in (("plain cuda runner", ""), ("1 shard", "0,"), (f"{a.shards} shards", split_gpus)):
+        llm = LLM(a.model, backend="cuda", max_seq=max_seq, prefill_chunk=a.prefill_chunk, prefix_cache_mb=0,
+                  gpus=gpus)
+        pre = statistics.median(llm.bench_prefill(a.prompt) for _ in range(3))
+        dec = statistics.median(llm.bench_decode(a.gen) for _ in range(3)) / a.gen
+        results[label] = (pre, dec)
+        print(f"{label:18s} prefill {a.prompt} tokens {pre * 1e3:9.1f} ms   decode {dec * 1e3:7.3f} ms/token"
+              f"   (compile {llm.compile_seconds:.1f} s)", flush=True)
+        if gpus and gpus != "0,":
+            rows = _timeline(llm, ids)
+            for k in range(a.shards):
+                busy = sum(b - s for kk, _, s, b in rows if kk == k)
+                print(f"  shard {k}: busy {busy:8.1f} ms over {sum(kk == k for kk, *_ in rows)} chunks")
+            span = max(b for *_, b in rows) - min(s for _, _, s, _ in rows)
+            print(f"  traced prefill {span:.1f} ms; two shards running at once for {_overlap(rows):.1f} ms")
+        del llm
+    one, split = results["1 shard"], results[f"{a.shards} shards"]
+    print(f"bridge ({a.shards} shards - 1 shard): prefill {(split[0] - one[0]) * 1e3:+.1f} ms per {a.prompt} tokens, "
+          f"decode {(split[1] - one[1]) * 1e6:+.1f} us per token")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""CUDA runner over a model split by layers (engine/shard_plan.py): one worker per shard, hidden states
+handed from shard to shard through pinned host memory.
+
+Each worker owns its part of the weights (model/gpu_weights.py with a layer range), its caches, its stream
+and its buffers, on the device the plan names; shards may share a device (then they still cross through host
+memory, as between devices without peer access). The bridge buffers are portable pinned memory (every
+context may copy to and from them); an event lives on the device of the stream that records it. For every
+chunk of tokens:
+
+  shard 0      tokens -> embedding, its layers -> buf.x [t, n_embd] -> pinned bridge (D2H), event
+  shard k      waits on the event, bridge -> buf.x (H2D), its layers -> the next bridge, event
+  last shard   ... its layers, the output norm and head -> logits
+
+The host only enqueues: shard 0 may start chunk i + 1 while shard 1 still runs chunk i. Each boundary has
+two bridge buffers (chunk parity) and a "consumed" event per buffer, so a chunk never overwrites a buffer
+the next shard has not copied in yet. A decode step replays one captured graph per shard (copy in, forward,
+copy out; the events stay outside the graphs), two per shard for the two bridge parities. The host picks
+every token (no device sampling): a step is the shards' graphs, then the last shard's logits row copied
+back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ninfer_numba.config import EngineConfig
+from ninfer_numba.engine.graphs import CudaGraph
+from ninfer_numba.engine.shard_plan import Shard, layer_costs, plan_shards
+from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
+from ninfer_numba.model.gpu_weights import GpuWeights
+from ninfer_numba.model.qwen35 import Qwen35Gpu
+from ninfer_numba.model.weights import ModelWeights
+
+
+def _event():
+    return cuda.event() if SIMULATOR else cuda.event(timing=False)     # the simulator takes no keywords
+
+
+def _portable_pinned(n: int) -> np.ndarray:
+    """float32 [n] in page-locked host memory that every device's context may copy to and from (a bridge
+    buffer is written by one GPU and read by the next; plain pinned memory is pinned for one context only)."""
+    if SIMULATOR:
+        return cuda.pinned_array(n, np.float32)
+    mem = cuda.current_context().memhostalloc(4 * n, portable=True)
+    return np.ndarray((n,), dtype=np.float32, buffer=mem)
+
+
+def _timing_event(stream):
+    ev = cuda.event()
+    ev.record(stream)
+    return ev
+
+
+@dataclass
+class _Worker:
+    shard: Shard
+    stream: object
+    model: Qwen35Gpu
+    state: object
+    bridge_in: list | None = None          # the two pinned buffers it copies from (None on shard 0)
+    ready_in: list | None = None           # events: the previous shard filled bridge_in[p]
+    consumed_in: list | None = None        # events: this shard has copied bridge_in[p] in
+
+
+class ShardedCudaRunner:
+    """The runner protocol of engine/llm.py (prefill, decode, all_logits, reset, position, timed_*)."""
+    supports_device_sampling = False
+
+    def __init__(self, weights: ModelWeights, engine: EngineConfig, devices: list[int], *, log=None) -> None:
+        check_numba_cuda()
+        c = self.config = weights.config
+        self.engine, self.max_seq = engine, engine.max_seq
+        sizes = {n: t.nbytes for n, t in weights.file.tensors.items()}
+        self.plan = plan_shards(*layer_costs(sizes, c), devices=devices, tied=c.tied_embeddings)
+        t0 = time.perf_counter()
+        self.workers: list[_Worker] = []
+        for sh in self.plan:
+            with cuda.gpus[sh.device]:
+                stream = cuda.stream()
+                gw = GpuWeights(weights, layers=sh.layers, embedding=sh.embedding, head=sh.head, log=log)
+                model = Qwen35Gpu(gw, engine, stream)
+                w = _Worker(sh, stream, model, model.new_state(self.max_seq))
+                if self.workers:
+                    n = model.buf.t_max * c.n_embd
+                    w.bridge_in = [_portable_pinned(n) for _ in range(2)]      # [t_max·E] float32 each
+                    w.consumed_in = [_event() for _ in range(2)]              # recorded here, waited on there
+            if self.workers:
+                with cuda.gpus[self.workers[-1].shard.device]:               # recorded by the previous shard
+                    w.ready_in = [_event() for _ in range(2)]
+            self.workers.append(w)
+        with cuda.gpus[self.plan[0].device]:
+            self._host_tok = cuda.pinned_array(self.workers[0].model.buf.t_max, np.int32)   # ids of a chunk
+            self._tok_copied = _event()
+        self._chunks = 0                    # chunks enqueued: their parity picks the bridge buffers
+        self.trace: list | None = None      # a list: (shard, chunk, start, end event) of every eager body
+        self._step_graphs: dict[tuple[int, int], CudaGraph] | None = None   # (shard, parity) -> decode graph
+        self.reset()
+        self._forward(np.array([1, 2], np.int32), 1)          # compile every kernel once (prefill, decode)
+        self._forward(np.array([3], np.int32), 1)
+        self._sync()
+        self.reset()
+        # the simulator has no graphs: there every step runs eagerly
+        self._step_graphs = None if SIMULATOR else {}      # graphs only once every kernel has run
+        self.compile_seconds = time.perf_counter() - t0
+
+    # -- the chain of shards -----------------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, logits_rows: int) -> None:
+        """Enqueue one chunk (t <= prefill_chunk tokens) through every shard; nothing waits on the host. A
+        single token (a decode step) replays each shard's captured graph for the bridge parity in use."""
+        t = len(ids)
+        p = self._chunks % 2
+        self._chunks += 1
+        first = self.workers[0]
+        with cuda.gpus[first.shard.device]:
+            self._tok_copied.synchronize()                  # the previous chunk's ids have left the staging
+            self._host_tok[:t] = ids
+            first.model.buf.tokens[:t].copy_to_device(self._host_tok[:t], stream=first.stream)
+            self._tok_copied.record(first.stream)
+        last = len(self.workers) - 1
+        for k, w in enumerate(self.workers):
+            with cuda.gpus[w.shard.device]:
+                if k:
+                    w.ready_in[p].wait(w.stream)
+                if k < last:
+                    self.workers[k + 1].consumed_in[p].wait(w.stream)    # its previous chunk was copied in
+                rows = logits_rows if k == last else 1
+                if t == 1 and self._step_graphs is not None:
+                    self._replay_step(k, p)
+                    if k:
+                        w.consumed_in[p].record(w.stream)
+                else:
+                    marks = (_timing_event(w.stream), None) if self.trace is not None else None
+                    self._shard_body(k, t, p, rows, record_consumed=True)
+                    if marks is not None:
+                        self.trace.append((k, self._chunks - 1, marks[0], _timing_event(w.stream)))
+                if k < last:
+                    self.workers[k + 1].ready_in[p].record(w.stream)
+
+    def _shard_body(self, k: int, t: int, p: int, logits_rows: int, record_consumed: bool = False) -> None:
+        """Shard k's part of a chunk on its stream: the hidden state in from bridge p (after shard 0), its
+        forward, the hidden state out to the next shard's bridge p (before the last)."""
+        w, n = self.workers[k], t * self.config.n_embd
+        if k:
+            w.model.buf.x[:n].copy_to_device(w.bridge_in[p][:n], stream=w.stream)
+            if record_consumed:
+                w.consumed_in[p].record(w.stream)
+        w.model.forward(t, w.state, logits_rows=logits_rows)
+        if k + 1 < len(self.workers):
+            w.model.buf.x[:n].copy_to_host(self.workers[k + 1].bridge_in[p][:n], stream=w.stream)
+
+    def _replay_step(self, k: int, p: int) -> None:
+        """Shard k's decode step from its graph for bridge parity p (captured on first use; a captured forward
+        counted the position once, at capture, so the count is put back and each replay counts one)."""
+        w = self.workers[k]
+        graph = self._step_graphs.get((k, p))
+        if graph is None:
+            pos = w.state.host_pos
+            graph = self._step_graphs[k, p] = CudaGraph(w.stream)
+            with graph.capture():                           # records only; nothing runs yet
+                self._shard_body(k, 1, p, 1)
+            w.state.host_pos = pos
+        graph.launch()
+        w.state.host_pos += 1
+
+    def _run(self, ids: list[int], on_chunk=None) -> None:
+        self._check_room(len(ids))
+        arr = np.asarray(ids, np.int32)
+        chunk = self.workers[0].model.buf.t_max
+        if on_chunk is not None:
+            chunk = min(chunk, self._last.model.logits.shape[0])
+        for s in range(0, len(arr), chunk):
+            part = arr[s:s + chunk]
+            self._forward(part, len(part) if on_chunk else 1)
+            if on_chunk is not None:
+                on_chunk(len(part))
+
+    @property
+    def _last(self) -> _Worker:
+        return self.workers[-1]
+
+    def _logits(self, n: int) -> np.ndarray:
+        w = self._last
+        with cuda.gpus[w.shard.device]:
+            out = w.model.logits[:n].copy_to_host(stream=w.stream)
+            w.stream.synchronize()
+        return out
+
+    def _sync(self) -> None:
+        for w in self.workers:
+            with cuda.gpus[w.shard.device]:
+                w.stream.synchronize()
+
+    def _check_room(self, n: int) -> None:
+        if self.position + n > self.max_seq:
+            raise ValueError(f"context overflow: {self.position} + {n} tokens > max_seq {self.max_seq}")
+
+    # -- runner protocol (engine/llm.py) -----------------------------------------------------------------
+    @property
+    def gemm_path(self) -> str:
+        return self.workers[0].model.gemm_path
+
+    @property
+    def position(self) -> int:
+        return self._last.state.host_pos
+
+    def reset(self) -> None:
+        for w in self.workers:
+            with cuda.gpus[w.shard.device]:
+                w.state.reset(w.stream)
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self._run(ids)
+        return self._logits(1)[0]
+
+    def decode(self, token: int) -> np.ndarray:
+        return self.prefill([token])
+
+    def decode_greedy(self, token: int) -> int:
+        return int(np.argmax(self.decode(token)))
+
+    def all_logits(self, ids: list[int]) -> np.ndarray:
+        rows = []
+        self._run(ids, on_chunk=lambda n: rows.append(self._logits(n)))
+        return np.concatenate(rows)
+
+    def timed_prefill(self, ids: list[int]) -> float:
+        self._sync()
+        t0 = time.perf_counter()
+        self._run(ids)
+        self._sync()
+        return time.perf_counter() - t0
+
+    def timed_decode(self, first: int, n_gen: int) -> float:
+        """n_gen steps, each token the argmax of the last, read back before the next (as llama-bench)."""
+        self._sync()
+        t0 = time.perf_counter()
+        tok = first
+        for _ in range(n_gen):
+            tok = self.decode_greedy(tok)
+        return time.perf_counter() - t0
