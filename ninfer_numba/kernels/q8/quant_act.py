@@ -1,4 +1,5 @@
-"""Activation quantizers that feed every Q8 GEMV/GEMM: plain, fused with RMSNorm, fused with SiLU-gating.
+"""Activation quantizers that feed every Q8 GEMV/GEMM: plain, fused with RMSNorm, fused with SiLU-gating,
+fused with the GDN output's gated RMSNorm (per head, gated by silu(z)).
 
 Output layout (see q8/ref.py): ``xq: int8 [M, K]`` and ``xs: float32 [M, K/32]`` per 32-block.
 Grid (M, Y), block (TPB,) = WARPS warps: a warp owns one 32-block at a time, lane l element l (one coalesced
@@ -24,6 +25,7 @@ import math
 import numpy as np
 
 from ninfer_numba.kernels import ptx
+from ninfer_numba.kernels.gdn.device_math import silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
@@ -143,6 +145,28 @@ def _silu_mul_quant_kernel(gu, xq, xs):
         _quantize_lane_store(_silu_mul(gu[m, i], gu[m, f + i]), xq, xs, m, b, lane)
 
 
+@cached_jit()
+def _gated_rmsnorm_quant_kernel(y, proj, z0, norm_w, eps, xq, xs):
+    """y: [M, Hv*S] f32 raw GDN output, proj: [M, P] f32 (z of element e at column z0 + e), norm_w: [S] f32
+    -> RMSNorm(y per head of S) * norm_w * silu(z), quantized into xq: [M, Hv*S] int8, xs: [M, Hv*S/32] f32;
+    grid (M, Y), block (TPB,). A warp's 32-block lies in one head (S % 32 == 0) or holds 32 / S whole heads;
+    each warp sums its head's squares itself (NL lanes per head, the same order in every warp)."""
+    m = cuda.blockIdx.x
+    lane = cuda.threadIdx.x % 32
+    S = norm_w.shape[0]
+    nl = min(S, 32)
+    for b in range(cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32, xs.shape[1], WARPS * cuda.gridDim.y):
+        e = b * QK + lane
+        h0 = (e // S) * S
+        ss = _F0
+        for t in range(lane % nl, S, nl):
+            v = y[m, h0 + t]
+            ss += v * v
+        ss = row_sum_f32(ss, nl)
+        inv_rms = _F1 / math.sqrt(ss / np.float32(S) + eps)     # chunk.gated_norm's expression, order
+        _quantize_lane_store(y[m, e] * inv_rms * norm_w[e - h0] * silu_f32(proj[m, z0 + e]), xq, xs, m, b, lane)
+
+
 # ---------------------------------------------------------------- launchers ---------------------------
 
 def _grid(m, k):
@@ -172,3 +196,15 @@ def silu_mul_quant(gu, xq, xs, *, stream=0):
     if xq.shape[0] == 0:
         return
     _silu_mul_quant_kernel[_grid(*xq.shape), TPB, stream](gu, xq, xs)
+
+
+def gated_rmsnorm_quant(y, proj, z0: int, norm_w, eps, xq, xs, *, stream=0):
+    """Fused GDN gated RMSNorm + quantize. y: [M, Hv*S] float32 raw o (gdn_decode_step, normalize=False);
+    proj: [M, P] float32 with z at columns [z0, z0 + Hv*S); norm_w: [S] float32 (S % 32 == 0 or 32 % S == 0);
+    eps: float; xq: [M, Hv*S] int8 (out); xs: [M, Hv*S/32] float32 (out)."""
+    S = norm_w.shape[0]
+    if S % QK and QK % S:
+        raise ValueError(f"gated_rmsnorm_quant: head size {S} must divide or be a multiple of {QK}")
+    if y.shape[0] == 0:
+        return
+    _gated_rmsnorm_quant_kernel[_grid(*y.shape), TPB, stream](y, proj, np.int32(z0), norm_w, np.float32(eps), xq, xs)
