@@ -2,8 +2,8 @@
 # Decode, coded KV caches, serving and shards on one H200, one stage per device call (each under 10 minutes):
 #   STAGE=decode_accept: the decode issue's acceptance in one call (~9.5 minutes): llama.cpp build (carry
 #               .cache/llama.cpp/src) and the 9b and 27b files in the background; the GPU tests of the decode
-#               kernels, the whole model and the engine; decode_profile (9b, depth 0); both engines on the 9b
-#               file (tg128 at depths 0, 8192, 32768), then decode_profile and both engines on the 27b (tg128)
+#               kernels, the whole model and the engine; decode_profile (9b and 27b, depth 0);
+#               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
@@ -41,13 +41,13 @@ decode_accept)
   say "decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_decode_gpu.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/logs/test_decode_gpu.log" | cut -c1-300 | head -20
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
-  profile 60 9b 0
+  profile 60 9b 0                                 # both profiles while llama.cpp still builds
+  wait $gen
+  profile 60 27b 0
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   timeout 170 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128,tg128@d8192,tg128@d32768 \
     --out $OUT/bench9" > "$OUT/logs/bench9.log" 2>&1
   say "9b decode, both engines (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench9.log"
-  wait $gen
-  profile 50 27b 0
   timeout $(( 575 - SECONDS > 30 ? 575 - SECONDS : 30 )) make bench PYTHON=python3 OFFLINE=1 \
     BENCH_ARGS="--models 27b --tests tg128 --out $OUT/bench27" > "$OUT/logs/bench27.log" 2>&1
   say "27b decode, both engines (exit $?)"; grep -E "^\| 27b" "$OUT/logs/bench27.log"

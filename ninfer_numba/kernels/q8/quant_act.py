@@ -36,6 +36,7 @@ TPB = 128                       # threads per thread block
 WARPS = TPB // 32               # 32-blocks a thread block quantizes at a time (one per warp)
 SPREAD = 256                    # rows x slices aimed for when M is small (a decode row: up to K/128 blocks)
 UNROLL = 8                      # 16-byte loads in flight per thread in a row's sum of squares
+RMS_VALS = 4 * UNROLL           # local-array sizes must be plain constants on the GPU (the simulator takes any)
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _HALF = np.float32(0.5)
@@ -80,7 +81,7 @@ def _row_rms_inverse(s_red, x, m, eps):
     k = x.shape[1]
     tid = cuda.threadIdx.x
     n4 = k // 4
-    vals = cuda.local.array(4 * UNROLL, dtype=np.float32)     # [UNROLL, 4] this round's chunks (registers)
+    vals = cuda.local.array(RMS_VALS, dtype=np.float32)      # [UNROLL, 4] this round's chunks (registers)
     ss = _F0
     for c0 in range(tid, n4, TPB * UNROLL):
         for u in range(UNROLL):
