@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prefill work on one H200, one stage per device call (each under 10 minutes):
+# Prefill work on one H200, one stage per device call (each under 10 minutes; decode, coded caches, serving
+# and shards: h200_decode.sh):
 #   STAGE=final: llama.cpp build and the 9b file in the background; GPU tests of the GEMM, the f16
 #               activations and the whole model (W8A16 prefill against the references); bench_prefill_gemm;
 #               then `make bench` (both engines, same file); everything packed into $OUT/all.tgz
@@ -36,21 +37,6 @@
 #   STAGE=gdn_kv_check: bench_gdn of .cache/ab_base and of this tree (9B and 27B at 8K); our decode at depth 32K
 #               with the f16 and k3v3 caches (no llama.cpp: records in $OUT/kv.tgz); then the GPU tests of
 #               the GDN prefill (not 32K), the coded caches, the whole model and the engine
-#   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
-#               32K with f16 and k3v3 (records in $OUT/kv.tgz)
-#   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
-#               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
-#   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
-#               then benchmarks.e2e.shard_bridge on the 9b file (bridge cost per token and per 8K prefill)
-#   STAGE=decode_profile: every kernel of a 9B decode step timed alone against its bytes, next to the step
-#               (benchmarks.e2e.decode_profile at depth 0 and 8192; JSON under $OUT)
-#   STAGE=serving_check: the engine's and server's GPU tests (device logprobs, masked draws with the mask
-#               computed during the forward, prefix snapshots), then on a 9B file with the vocabulary:
-#               structured_output (grammar cost per token), prefix_gate (second-turn TTFT, shared system
-#               prompt) and server_stream (TTFT and t/s as a client sees them)
-#   STAGE=branches: every GPU test the waiting branches touch (coded caches, engine, server, shards) in 8
-#               processes while two 9B files build; then decode_profile (depth 0, 8192) and bench_attn's
-#               decode rows, each step given what is left of a 570 s budget
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
@@ -71,15 +57,6 @@ bench_gdn_base() {
   ( cd .cache/ab_base && timeout 90 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages \
     --prefill-lengths 8192 ) > "$OUT/logs/bench_gdn_base.log" 2>&1
   say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
-}
-# our decode at depth 32K on the 9b file with each given KV cache type (no llama.cpp); records in $OUT/kv.tgz
-kv_decode_bench() {
-  for kv in "$@"; do
-    timeout 100 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128@d32768 --kv-type $kv \
-      --skip-llamacpp --out $OUT/kv_$kv" > "$OUT/logs/bench_kv_$kv.log" 2>&1
-    say "decode, ours $kv (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_$kv.log"
-  done
-  ( cd "$OUT" && tar czf kv.tgz kv_* && rm -rf kv_*/ )
 }
 case "${STAGE:-gemm}" in
 gemm)
@@ -263,83 +240,6 @@ gdn_kv_check)
   grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu.log" | cut -c1-300 | head -20
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
-kvq_check)
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
-    tests/model/test_kv_types.py -p no:cacheprovider > "$OUT/logs/test_kvq_gpu.log" 2>&1
-  say "coded-cache GPU tests (exit $?): $(tail -1 "$OUT/logs/test_kvq_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_kvq_gpu.log" | cut -c1-300 | head -10
-  timeout 90 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq --out "$OUT/logs/bench_attn.jsonl" \
-    > "$OUT/logs/bench_attn.log" 2>&1
-  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
-  wait $gen
-  kv_decode_bench f16 k3v3
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-shard_check)
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  timeout 200 python3 -m pytest -q -m gpu tests/engine/test_sharded_runner.py tests/engine/test_shard_plan.py \
-    -p no:cacheprovider > "$OUT/logs/test_shards_gpu.log" 2>&1
-  say "sharded GPU tests (exit $?): $(tail -1 "$OUT/logs/test_shards_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_shards_gpu.log" | cut -c1-300 | head -10
-  wait $gen
-  timeout 300 python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
-  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -14
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-decode_profile)
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
-  for depth in 0 8192; do
-    timeout 200 python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf --depth $depth \
-      --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
-    say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -40
-  done
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-branches)
-  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  genv=$!
-  timeout 300 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
-    tests/model/test_kv_types.py tests/engine tests/server -p no:cacheprovider --durations=10 \
-    > "$OUT/logs/test_branches_gpu.log" 2>&1
-  say "branch GPU tests (exit $?): $(tail -1 "$OUT/logs/test_branches_gpu.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_branches_gpu.log" | cut -c1-300 | head -20
-  grep -A10 "slowest" "$OUT/logs/test_branches_gpu.log" | cut -c1-150
-  wait $gen $genv
-  for depth in 0 8192; do
-    timeout $(left) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf --depth $depth \
-      --out "$OUT/profile_9b_d$depth.json" > "$OUT/logs/decode_profile_d$depth.log" 2>&1
-    say "decode profile, depth $depth (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_d$depth.log" | head -45
-  done
-  timeout $(left) python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
-    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
-  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-serving_check)
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  gen=$!
-  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/engine tests/server -p no:cacheprovider \
-    > "$OUT/logs/test_serving_gpu.log" 2>&1
-  say "engine and server GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serving_gpu.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_serving_gpu.log" | cut -c1-300 | head -10
-  wait $gen
-  timeout 120 python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda -n 20 \
-    > "$OUT/logs/structured_9b.log" 2>&1
-  say "structured output (exit $?):"; tail -4 "$OUT/logs/structured_9b.log"
-  timeout 200 python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
-    > "$OUT/logs/prefix_gate.log" 2>&1
-  say "prefix gate (exit $?):"; grep -v "^WARNING" "$OUT/logs/prefix_gate.log" | tail -3
-  timeout 150 python3 -m benchmarks.e2e.server_stream --model models/q35-9b-vocab.gguf --backend cuda \
-    --out "$OUT/server_stream.json" > "$OUT/logs/server_stream.log" 2>&1
-  say "server stream (exit $?):"; grep -v "^WARNING" "$OUT/logs/server_stream.log" | tail -6
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
 gdn_final)
   bench_gdn_base
   timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages \
@@ -410,20 +310,6 @@ gdn_stalls|stalls_kv)
     say "structured output on the 9B (exit $?):"; tail -8 "$OUT/logs/structured_9b.log"
   fi
   tar czf "$OUT/logs.tgz" -C "$OUT" logs
-  ;;
-kvq_ncu)
-  for k in partial combine; do
-    timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes -o "$OUT/logs/kvq_$k" \
-      python3 -m benchmarks.kernels.bench_attn --model 9b --only kvq > "$OUT/logs/ncu_kvq_$k.log" 2>&1
-    say "ncu kvq $k (exit $?)"
-    ncu --import "$OUT/logs/kvq_$k.ncu-rep" --print-summary none --page details > "$OUT/logs/kvq_${k}_details.txt" 2>&1
-    grep -E "Duration|Memory Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
-      "$OUT/logs/kvq_${k}_details.txt" | head -12
-    ncu --import "$OUT/logs/kvq_$k.ncu-rep" --page source --csv --print-source sass > "$OUT/logs/kvq_${k}_sass.csv" 2>&1
-    python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/kvq_${k}_sass.csv" --top 25 | cut -c1-200
-  done
-  rm -f "$OUT"/logs/*.ncu-rep
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 ncu)
   # stall reasons of the W8A16 kernel on one shape (default: 9B gate|up at M = 8192)

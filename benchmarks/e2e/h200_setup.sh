@@ -1,8 +1,17 @@
-# Sourced by the H200 stage scripts: output folder, environment, the `say` timestamp helper and the offline
-# install (exits 3 with the install log's tail when it fails).
+# Sourced by the H200 stage scripts: output folder, environment, the `say` timestamp helper, the offline
+# install (exits 3 with the install log's tail when it fails) and kv_decode_bench.
 set -u
 OUT=${OUT:-results/session}; mkdir -p "$OUT" "$OUT/logs" models
 export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
 say "setup done"
+# our decode at depth 32K on the 9b file with each given KV cache type (no llama.cpp); records in $OUT/kv.tgz
+kv_decode_bench() {
+  for kv in "$@"; do
+    timeout 100 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128@d32768 --kv-type $kv \
+      --skip-llamacpp --out $OUT/kv_$kv" > "$OUT/logs/bench_kv_$kv.log" 2>&1
+    say "decode, ours $kv (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_$kv.log"
+  done
+  ( cd "$OUT" && tar czf kv.tgz kv_* && rm -rf kv_*/ )
+}

@@ -56,7 +56,7 @@ def bench_decode(Hk, Hv, S, n_layers, rng):
     states = [cuda.to_device((rng.standard_normal((Hv, S, S)) * 0.1).astype(np.float32))
               for _ in range(n_copies)]
     y = cuda.device_array(Hv * S, np.float32)
-    counts = make_decode_sync_counts(Hk, Hv)
+    counts = make_decode_sync_counts(Hk)
     proj = inp["proj"].reshape(-1)
     it = {"i": 0}
 
@@ -64,7 +64,7 @@ def bench_decode(Hk, Hv, S, n_layers, rng):
         st = states[it["i"] % n_copies]
         it["i"] += 1
         gdn_decode_step(proj, inp["conv_w"], inp["conv_state"], inp["ssm_a"], inp["dt_bias"], inp["norm_w"],
-                        st, y, counts, Hk, EPS, stream=stream)
+                        st, y, counts, Hk, EPS, stream=stream, normalize=False)  # the model's launch
 
     ms = time_graph(launch, n_inner=n_copies, reps=20).median_ms
     C = 2 * Hk * S + Hv * S

@@ -286,7 +286,9 @@ class LLM:
 
     def bench_decode(self, n_gen: int, depth: int = 0, *, seed: int = 0) -> float:
         rng = np.random.default_rng(seed)
-        self._check_fits(max(depth, 1), n_gen)
+        if n_gen < 1 or depth + n_gen > self.max_seq:     # n_gen steps fill positions depth .. depth + n_gen - 1
+            raise ValueError(f"{n_gen} decode steps after {depth} tokens need {depth + n_gen} positions; the "
+                             f"context holds {self.max_seq} (raise max_seq)")
         self._reset()
         if depth:
             self.runner.prefill(rng.integers(0, self.config.n_vocab, depth).tolist())

@@ -2,8 +2,9 @@
 
 One layer, in launches (decode, T = 1; prefill runs the same sequence with GEMMs and the chunked kernels):
   rmsnorm_quant(x, attn_norm) → int8 act → GEMV fused input projection → proj
-  GDN:  gdn_decode_step(proj) → y      |  attention: qk_norm_rope_store → attention_decode(+gate) → y
-  quantize_rows(y) → GEMV out-projection accumulated into x (the residual add is the GEMV's epilogue)
+  GDN:  gdn_decode_step(proj) → raw o → gated_rmsnorm_quant(o, z) → int8 act
+  attention: qk_norm_rope_store → attention_decode(+gate) → y → quantize_rows(y) → int8 act
+  GEMV out-projection of the act accumulated into x (the residual add is the GEMV's epilogue)
   rmsnorm_quant(x, post_norm) → GEMV gate|up → silu_mul_quant → GEMV down accumulated into x
 Prefill on sm_90 (the W8A16 GEMM, ``gemm="w8a16"``, the default there) makes float16 activations instead of
 int8 (rmsnorm_f16, to_f16, silu_mul_f16, in the GEMM's fragment order) and multiplies them with the Q8_0
@@ -35,7 +36,7 @@ from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_de
 from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, role_seeds
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.q8.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
+from ninfer_numba.kernels.q8.quant_act import gated_rmsnorm_quant, quantize_rows, rmsnorm_quant, silu_mul_quant
 from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
 
 
@@ -132,7 +133,7 @@ class Qwen35Gpu:
                                         stream=stream)
         self.next_token = cuda.device_array(1, np.int32, stream=stream)
         self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
-        self.gdn_sync = make_decode_sync_counts(c.ssm_groups, c.ssm_heads, stream=stream)
+        self.gdn_sync = make_decode_sync_counts(c.ssm_groups, stream=stream)
         self.gdn_ws = shared_workspace(engine.prefill_chunk, c.ssm_groups, c.ssm_heads, c.ssm_state, stream)
         # fp16 tensor-core prefill attention on sm_80+ (20-30x the float32 kernel); float32 kernel elsewhere
         cc = (0, 0) if SIMULATOR else cuda.get_current_device().compute_capability
@@ -226,10 +227,9 @@ class Qwen35Gpu:
             act = self._norm_act(x, L.attn_norm, t)
             seen(i, "mixer_in", *act)
             if L.is_attention:
-                y = self._attention(L, t, st, act)
+                act = self._plain_act(self._attention(L, t, st, act), t)
             else:
-                y = self._gdn(L, t, st, act)
-            act = self._plain_act(y, t)
+                act = self._gdn(L, t, st, act)
             seen(i, "mixer_out", *act)
             self._matmul(L.w_out, act, x, accumulate=True)
             act = self._norm_act(x, L.post_norm, t)
@@ -291,9 +291,11 @@ class Qwen35Gpu:
         y = b.mat(b.y, t, c.ssm_inner)
         args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"], L.small["ssm_norm"],
                 st.ssm[L.index])
-        if t == 1:
+        if t == 1:                                # raw o, then the gated norm fused into the quantization
             gdn_decode_step(proj.reshape(-1), *args, y.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
-                            stream=s)
-        else:
-            gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws)
-        return y
+                            stream=s, normalize=False)
+            yq, ys = b.act(1, y.shape[1])
+            gated_rmsnorm_quant(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yq, ys, stream=s)
+            return yq, ys
+        gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws)
+        return self._plain_act(y, t)

@@ -142,3 +142,13 @@ def test_engine_flags_reach_the_engine_config(tiny_model, tmp_path, monkeypatch)
     assert (c.gemm, c.kv_type, c.prefill_graphs, c.prefill_chunk) == ("dp4a", "f16", False, 64)
     r = _cli("logits", "--model", tiny_model, "--tokens", "1", "--out", str(out), "--kv-type", "q4")
     assert r.returncode == 2 and "invalid choice: 'q4'" in r.stderr
+
+
+def test_bench_decode_fills_exactly_the_context(tiny_novocab):
+    """tg n after depth d writes positions d .. d + n - 1: a context of d + n fits (the harness sizes it so),
+    one more step does not."""
+    llm = LLM(tiny_novocab, backend="cpu", max_seq=12)
+    assert llm.bench_decode(12) > 0
+    assert llm.bench_decode(4, depth=8) > 0
+    with pytest.raises(ValueError, match="need 13 positions; the context holds 12"):
+        llm.bench_decode(5, depth=8)

@@ -15,7 +15,7 @@ from ninfer_numba.kernels.numba_env import cuda
 def run_decode_steps(inp: dict, Hk: int, Hv: int, S: int, n_steps: int):
     """n_steps decode launches on the rows of inp['proj']; returns y [n_steps, Hv*S], conv_state, state."""
     dev = to_device(inp)
-    counts = make_decode_sync_counts(Hk, Hv)
+    counts = make_decode_sync_counts(Hk)
     ys = []
     for t in range(n_steps):
         y = cuda.to_device(np.full(Hv * S, np.nan, np.float32))           # poisoned: unwritten -> NaN

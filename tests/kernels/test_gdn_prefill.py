@@ -43,7 +43,7 @@ def check_prefill_then_decode(seed, T_prefill, n_decode, Hk, Hv, S):
     inp = make_inputs(seed, T, Hk, Hv, S)
     dev = to_device(inp)
     ys = [run_prefill(inp, dev, Hk, Hv, S, T_prefill)]
-    counts = make_decode_sync_counts(Hk, Hv)
+    counts = make_decode_sync_counts(Hk)
     for t in range(T_prefill, T):
         y = cuda.to_device(np.full(Hv * S, np.nan, np.float32))
         gdn_decode_step(cuda.to_device(inp["proj"][t]), dev["conv_w"], dev["conv_state"], dev["ssm_a"],

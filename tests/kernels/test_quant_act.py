@@ -8,6 +8,9 @@ Tolerance rules (u = 2^-24, float32 unit roundoff):
   normalized values y agree within rtol = (K + 8)u relative (y_rtol below).
 - silu_mul_quant: the GPU expf is within 2 ulp (CUDA C guide, expf) and the other five operations are
   correctly rounded, so y agrees within rtol = 16u (margin 2x over 8u).
+- gated_rmsnorm_quant: the GDN output's RMSNorm per head of S (its sum of squares in another order:
+  (S - 1)u, plus sqrt, the division and eps a few u) times w and silu(z) (expf within 2 ulp, three
+  correctly rounded operations): rtol = (S + 16)u.
 - From y to (xq, xs): xs (the block absmax / 127) inherits y's relative bound plus one rounding;
   xq must equal the reference except where the reference's v = y / d lies within the propagated error
   of a .5 rounding boundary, and there it may differ by exactly 1.
@@ -16,7 +19,8 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels.q8.quant_act import quantize_rows, rmsnorm_quant, silu_mul_quant
+from ninfer_numba.kernels.gdn.ref import gated_rmsnorm_ref
+from ninfer_numba.kernels.q8.quant_act import gated_rmsnorm_quant, quantize_rows, rmsnorm_quant, silu_mul_quant
 from ninfer_numba.kernels.q8.ref import QK, quantize_q8_blocks_ref, rmsnorm_ref, silu_mul_ref
 
 U = 2.0 ** -24
@@ -82,6 +86,22 @@ def _run_silu_mul_quant(m, f, seed):
     assert_quant_close(xq.copy_to_host(), xs.copy_to_host(), silu_mul_ref(gu), 16 * U)
 
 
+def _run_gated_rmsnorm_quant(m, Hv, S, seed):
+    """proj carries z at an offset (as the GDN input projection does) and columns either side of it."""
+    rng = np.random.default_rng(seed)
+    y = (rng.standard_normal((m, Hv * S)) * rng.uniform(0.01, 5.0, (m, Hv, 1)).repeat(S, 2).reshape(m, -1))
+    y = y.astype(np.float32)
+    y[0, :S] = 0.0                                    # a zero head: RMS = sqrt(eps), y = 0, d = 0
+    z0 = 3 * S + 5
+    proj = (2.0 * rng.standard_normal((m, z0 + Hv * S + 7))).astype(np.float32)
+    w = (1.0 + 0.3 * rng.standard_normal(S)).astype(np.float32)
+    eps = 1e-6
+    xq, xs = _outputs(m, Hv * S)
+    gated_rmsnorm_quant(cuda.to_device(y), cuda.to_device(proj), z0, cuda.to_device(w), eps, xq, xs)
+    ref = gated_rmsnorm_ref(y.reshape(m, Hv, S), proj[:, z0:z0 + Hv * S].reshape(m, Hv, S), w, eps)
+    assert_quant_close(xq.copy_to_host(), xs.copy_to_host(), ref.reshape(m, -1), (S + 16) * U)
+
+
 def test_quantize_ref_error_is_half_a_step():
     """The reference itself: |x - q d| <= d / 2 (+ float32 rounding), |q| <= 127, amax maps to +-127."""
     rng = np.random.default_rng(12)
@@ -131,6 +151,19 @@ def test_silu_mul_quant(m, f):
     _run_silu_mul_quant(m, f, seed=m * 1000 + f + 2)
 
 
+@pytest.mark.cudasim
+@RUNNABLE
+@pytest.mark.parametrize("m,Hv,S", [(1, 3, 32), (2, 4, 16), (3, 2, 64)], ids=lambda v: str(v))
+def test_gated_rmsnorm_quant(m, Hv, S):
+    """Heads of one warp's 32-block (S = 32), two heads per 32-block (S = 16), two 32-blocks per head."""
+    _run_gated_rmsnorm_quant(m, Hv, S, seed=m * 100 + Hv * 10 + S)
+
+
+def test_gated_rmsnorm_quant_rejects_straddling_heads():
+    with pytest.raises(ValueError, match="head size 48"):
+        gated_rmsnorm_quant(None, None, 0, np.zeros(48, np.float32), 1e-6, None, None)
+
+
 @pytest.mark.gpu
 @GPU
 @pytest.mark.parametrize("m", [1, 7, 113, 1023])
@@ -146,3 +179,11 @@ def test_gpu_norm_and_quant_model_shapes(m, k):
 @pytest.mark.parametrize("f", [12288, 17408])
 def test_gpu_silu_mul_quant_model_shapes(m, f):
     _run_silu_mul_quant(m, f, seed=m + f)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("Hv", [32, 48], ids=["9B", "27B"])
+def test_gpu_gated_rmsnorm_quant_model_shapes(m, Hv):
+    _run_gated_rmsnorm_quant(m, Hv, 128, seed=m + Hv)

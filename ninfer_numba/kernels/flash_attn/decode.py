@@ -33,11 +33,13 @@ import numpy as np
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, pair_asm_intrinsic, shfl_xor_f32
+from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
 
 DEC_WARPS = 4                     # warps per block of the partial kernel
 DEC_TPB = 32 * DEC_WARPS
 DEC_BLOCKS_PER_SM = 3             # launch bound: ≤ 170 registers per thread, so the loop runs without spills
-COMB_TPB = 128                    # threads per block of the combine kernel
+COMB_GROUPS = 16                  # split groups (warps) of a combine block
+COMB_TPB = 32 * COMB_GROUPS       # threads per block of the combine kernel
 LANE_DIMS = 8                     # f16 dims per lane per row: one 16-byte load
 MAX_D = 32 * LANE_DIMS            # one row per warp: d ≤ 256, d a multiple of 8
 MAX_G = 8
@@ -197,34 +199,52 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
 
     @cached_jit()
     def combine_kernel(part_o, part_ml, kv_len_buf, proj, out):
+        # grid (H, ceil(D / 32)), COMB_TPB threads: warp g sums splits g, g + COMB_GROUPS, ... of dims
+        # [32 y, 32 y + 32) (lane = dim; two loads in flight per step), then warp 0 adds the groups in order.
+        # One thread per dim walking every split was a chain of n_splits dependent loads: 18 µs per layer.
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x
+        g = tid // 32
+        lane = tid - 32 * g
+        i = 32 * cuda.blockIdx.y + lane
         kv_len = kv_len_buf[0]
         per = split_range_len(kv_len, n_splits, STEP)
         n_act = (kv_len + per - 1) // per                     # splits that ran (all others returned early)
-        s_m = cuda.shared.array(n_splits, np.float32)          # [n_splits] m_s, then weights 2^(m_s − M)
-        s_l = cuda.shared.array(n_splits, np.float32)          # [n_splits] l_s
+        s_w = cuda.shared.array(n_splits, np.float32)          # [n_splits] weights 2^(m_s − M)
+        s_l = cuda.shared.array(n_splits, np.float32)          # [n_splits] l_s 2^(m_s − M)
+        s_o = cuda.shared.array(COMB_TPB, np.float32)          # [COMB_GROUPS, 32] the groups' sums
+        m_all = np.float32(NEG_INF)                            # every warp finds the maximum itself
+        for e in range(lane, n_act, 32):
+            m_all = max(m_all, part_ml[e, h, 0])
+        m_all = row_max_f32(m_all, 32)
         for e in range(tid, n_act, COMB_TPB):
-            s_m[e] = part_ml[e, h, 0]
-            s_l[e] = part_ml[e, h, 1]
+            wt = math.exp2(part_ml[e, h, 0] - m_all)
+            s_w[e] = wt
+            s_l[e] = part_ml[e, h, 1] * wt
         cuda.syncthreads()
-        m_all = np.float32(NEG_INF)
-        for e in range(n_act):
-            m_all = max(m_all, s_m[e])
-        cuda.syncthreads()                                     # every thread has read the maxima
-        for e in range(tid, n_act, COMB_TPB):
-            s_m[e] = math.exp2(s_m[e] - m_all)
+        o0 = np.float32(0.0)
+        o1 = np.float32(0.0)
+        if i < D:
+            e = g
+            while e + COMB_GROUPS < n_act:
+                o0 += part_o[e, h, i] * s_w[e]
+                o1 += part_o[e + COMB_GROUPS, h, i] * s_w[e + COMB_GROUPS]
+                e += 2 * COMB_GROUPS
+            if e < n_act:
+                o0 += part_o[e, h, i] * s_w[e]
+        s_o[tid] = o0 + o1
         cuda.syncthreads()
-        l_all = np.float32(0.0)
-        for e in range(n_act):
-            l_all += s_l[e] * s_m[e]
-        inv_l = np.float32(1.0) / l_all
-        for i in range(tid, D, COMB_TPB):
+        if g == 0:
+            l_all = np.float32(0.0)
+            for e in range(lane, n_act, 32):
+                l_all += s_l[e]
+            l_all = row_sum_f32(l_all, 32)
             o = np.float32(0.0)
-            for e in range(n_act):
-                o += part_o[e, h, i] * s_m[e]
-            gate = proj[0, 2 * D * h + D + i]
-            out[h * D + i] = o * inv_l / (np.float32(1.0) + math.exp(-gate))
+            for u in range(COMB_GROUPS):
+                o += s_o[32 * u + lane]
+            if i < D:
+                gate = proj[0, 2 * D * h + D + i]
+                out[h * D + i] = o * (np.float32(1.0) / l_all) / (np.float32(1.0) + math.exp(-gate))
 
     return partial_kernel, combine_kernel
 
@@ -267,4 +287,4 @@ def attention_decode(q, k_cache, v_cache, kv_len_buf, proj, out, workspace: Deco
     partial_kernel, combine_kernel = _decode_kernels(H, Hkv, D, n_splits)
     partial_kernel[(n_splits, Hkv), DEC_TPB, stream](q, k_cache, v_cache, kv_len_buf,
                                                      workspace.part_o, workspace.part_ml)
-    combine_kernel[H, COMB_TPB, stream](workspace.part_o, workspace.part_ml, kv_len_buf, proj, out)
+    combine_kernel[(H, (D + 31) // 32), COMB_TPB, stream](workspace.part_o, workspace.part_ml, kv_len_buf, proj, out)

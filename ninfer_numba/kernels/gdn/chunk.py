@@ -179,8 +179,15 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
                                                                      T, eps)
     launch_chunk_intra_mma(ws, T, stream)
     launch_chunk_state_mma(ws, state, y_out, T, stream)
-    _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv, S), 32 * WARPS_ROW, stream](proj, norm_w, y_out, T,
-                                                                                eps)
+    gated_norm(proj, norm_w, y_out, T, Hk, eps, stream=stream)
+
+
+def gated_norm(proj, norm_w, y, T: int, Hk: int, eps: float, stream=0) -> None:
+    """y[:T] <- RMSNorm(y[:T] per head) * norm_w * silu(z) in place. proj: [>= T, P] float32 (z at columns
+    [2 Hk S + Hv S, ...)), norm_w: [S] float32, y: [>= T, Hv*S] float32 raw o."""
+    S = norm_w.shape[0]
+    Hv = y.shape[1] // S
+    _gated_norm_kernel(S, Hk, Hv)[_row_blocks(T * Hv, S), 32 * WARPS_ROW, stream](proj, norm_w, y, T, eps)
 
 
 def _row_blocks(n_items: int, S: int) -> int:

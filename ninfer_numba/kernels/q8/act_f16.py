@@ -24,7 +24,7 @@ Grids (block (TPB,) = 128 threads everywhere; M == 0 launches nothing):
 Numerics: every value is computed in float32 exactly as quant_act computes it, then rounded once to float16,
 to nearest even (cvt.rn: overflow gives +-inf, tiny values become subnormal or +-0; NumPy's
 ``astype(np.float16)`` rounds the same way). RMSNorm takes r = 1 / sqrt(ss / K + eps) from quant_act's
-``_row_rms_inverse`` (its sum order and tree over TPB threads), then y = (x · r) · w; SiLU is
+``_row_rms_inverse`` (its fixed sum order over TPB threads), then y = (x · r) · w; SiLU is
 quant_act's ``_silu_mul``, g / (1 + exp(-g)) · u. No multiply feeds an add outside the sum of squares and
 every constant is a float32 global, so nothing is contracted or promoted to float64: the float32 value
 before rounding is the one the int8 path quantizes. to_f16 is therefore bit-exact with NumPy; the fused
@@ -37,7 +37,7 @@ from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
-from ninfer_numba.kernels.q8.quant_act import TPB, _row_rms_inverse, _silu_mul
+from ninfer_numba.kernels.q8.quant_act import TPB, WARPS, _row_rms_inverse, _silu_mul
 from ninfer_numba.kernels.q8.ref import QK, rmsnorm_f16_ref, silu_mul_f16_ref  # noqa: F401
 
 VEC = 4                         # elements per chunk: one 16-byte load, two 4-byte stores
@@ -80,7 +80,7 @@ def _to_f16_kernel(x, out):
 def _rmsnorm_f16_kernel(x, w, eps, out):
     """y = x / sqrt(mean(x^2) + eps) * w in float16. x: [M, K] f32, w: [K] f32 -> out: [M·K/2] uint32
     (fragment order); grid (M, Y), block (TPB,)."""
-    s_red = cuda.shared.array(TPB, dtype=np.float32)     # [TPB] partial sums of squares
+    s_red = cuda.shared.array(WARPS, dtype=np.float32)       # [WARPS] the warps' sums of squares
     m = cuda.blockIdx.x
     k = x.shape[1]
     r = _row_rms_inverse(s_red, x, m, eps)               # quant_act's: the same float32 value

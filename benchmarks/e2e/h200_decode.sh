@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Decode, coded KV caches, serving and shards on one H200, one stage per device call (each under 10 minutes):
+#   STAGE=decode_accept: the decode issue's acceptance in one call (~9.5 minutes): llama.cpp build (carry
+#               .cache/llama.cpp/src) and the 9b and 27b files in the background; the GPU tests of the decode
+#               kernels, the whole model and the engine; decode_profile (9b and 27b, depth 0);
+#               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
+#   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
+#               32K with f16 and k3v3 (records in $OUT/kv.tgz)
+#   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
+#               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
+#   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
+#               then benchmarks.e2e.shard_bridge on the 9b file (bridge cost per token and per 8K prefill)
+#   STAGE=decode_profile: every kernel of a 9B decode step timed alone against its bytes, next to the step
+#               (benchmarks.e2e.decode_profile at depth 0 and 8192; JSON under $OUT)
+#   STAGE=serving_check: the engine's and server's GPU tests (device logprobs, masked draws with the mask
+#               computed during the forward, prefix snapshots), then on a 9B file with the vocabulary:
+#               structured_output (grammar cost per token), prefix_gate (second-turn TTFT, shared system
+#               prompt) and server_stream (TTFT and t/s as a client sees them)
+#   STAGE=branches: every GPU test the waiting branches touch (coded caches, engine, server, shards) in 8
+#               processes while two 9B files build; then decode_profile (depth 0, 8192) and bench_attn's
+#               decode rows, each step given what is left of a 570 s budget
+# Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
+source "$(dirname "$0")/h200_setup.sh"
+# decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
+profile() {
+  timeout $1 python3 -m benchmarks.e2e.decode_profile --model models/q35-$2.gguf --depth $3 \
+    --out "$OUT/profile_$2_d$3.json" > "$OUT/logs/decode_profile_$2_d$3.log" 2>&1
+  say "decode profile $2, depth $3 (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_$2_d$3.log" | head -16
+}
+case "${STAGE:-decode_accept}" in
+decode_accept)
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+  build=$!
+  rm -f /tmp/ninfer_9b_ready
+  ( python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf && touch /tmp/ninfer_9b_ready
+    python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf ) > "$OUT/logs/make_models.log" 2>&1 &
+  gen=$!
+  timeout 230 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
+    tests/kernels/test_flash_attn_decode.py tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_prefill.py \
+    tests/model tests/engine -k "not T32768" -p no:cacheprovider --durations=8 > "$OUT/logs/test_decode_gpu.log" 2>&1
+  say "decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_decode_gpu.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_decode_gpu.log" | cut -c1-300 | head -20
+  while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
+  profile 60 9b 0                                 # both profiles while llama.cpp still builds
+  wait $gen
+  profile 60 27b 0
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  timeout 170 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128,tg128@d8192,tg128@d32768 \
+    --out $OUT/bench9" > "$OUT/logs/bench9.log" 2>&1
+  say "9b decode, both engines (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench9.log"
+  timeout $(( 575 - SECONDS > 30 ? 575 - SECONDS : 30 )) make bench PYTHON=python3 OFFLINE=1 \
+    BENCH_ARGS="--models 27b --tests tg128 --out $OUT/bench27" > "$OUT/logs/bench27.log" 2>&1
+  say "27b decode, both engines (exit $?)"; grep -E "^\| 27b" "$OUT/logs/bench27.log"
+  tar czf "$OUT/bench.tgz" -C "$OUT" bench9 bench27 2>/dev/null; rm -rf "$OUT/bench9" "$OUT/bench27"
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+kvq_check)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/model/test_kv_types.py -p no:cacheprovider > "$OUT/logs/test_kvq_gpu.log" 2>&1
+  say "coded-cache GPU tests (exit $?): $(tail -1 "$OUT/logs/test_kvq_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_kvq_gpu.log" | cut -c1-300 | head -10
+  timeout 90 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq --out "$OUT/logs/bench_attn.jsonl" \
+    > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
+  wait $gen
+  kv_decode_bench f16 k3v3
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+shard_check)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 200 python3 -m pytest -q -m gpu tests/engine/test_sharded_runner.py tests/engine/test_shard_plan.py \
+    -p no:cacheprovider > "$OUT/logs/test_shards_gpu.log" 2>&1
+  say "sharded GPU tests (exit $?): $(tail -1 "$OUT/logs/test_shards_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_shards_gpu.log" | cut -c1-300 | head -10
+  wait $gen
+  timeout 300 python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
+  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -14
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+decode_profile)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
+  profile 200 9b 0; profile 200 9b 8192
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+branches)
+  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  genv=$!
+  timeout 300 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/model/test_kv_types.py tests/engine tests/server -p no:cacheprovider --durations=10 \
+    > "$OUT/logs/test_branches_gpu.log" 2>&1
+  say "branch GPU tests (exit $?): $(tail -1 "$OUT/logs/test_branches_gpu.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_branches_gpu.log" | cut -c1-300 | head -20
+  grep -A10 "slowest" "$OUT/logs/test_branches_gpu.log" | cut -c1-150
+  wait $gen $genv
+  profile $(left) 9b 0; profile $(left) 9b 8192
+  timeout $(left) python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
+    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+serving_check)
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  gen=$!
+  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/engine tests/server -p no:cacheprovider \
+    > "$OUT/logs/test_serving_gpu.log" 2>&1
+  say "engine and server GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serving_gpu.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_serving_gpu.log" | cut -c1-300 | head -10
+  wait $gen
+  timeout 120 python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda -n 20 \
+    > "$OUT/logs/structured_9b.log" 2>&1
+  say "structured output (exit $?):"; tail -4 "$OUT/logs/structured_9b.log"
+  timeout 200 python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
+    > "$OUT/logs/prefix_gate.log" 2>&1
+  say "prefix gate (exit $?):"; grep -v "^WARNING" "$OUT/logs/prefix_gate.log" | tail -3
+  timeout 150 python3 -m benchmarks.e2e.server_stream --model models/q35-9b-vocab.gguf --backend cuda \
+    --out "$OUT/server_stream.json" > "$OUT/logs/server_stream.log" 2>&1
+  say "server stream (exit $?):"; grep -v "^WARNING" "$OUT/logs/server_stream.log" | tail -6
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+kvq_ncu)
+  for k in partial combine; do
+    timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes -o "$OUT/logs/kvq_$k" \
+      python3 -m benchmarks.kernels.bench_attn --model 9b --only kvq > "$OUT/logs/ncu_kvq_$k.log" 2>&1
+    say "ncu kvq $k (exit $?)"
+    ncu --import "$OUT/logs/kvq_$k.ncu-rep" --print-summary none --page details > "$OUT/logs/kvq_${k}_details.txt" 2>&1
+    grep -E "Duration|Memory Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
+      "$OUT/logs/kvq_${k}_details.txt" | head -12
+    ncu --import "$OUT/logs/kvq_$k.ncu-rep" --page source --csv --print-source sass > "$OUT/logs/kvq_${k}_sass.csv" 2>&1
+    python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/kvq_${k}_sass.csv" --top 25 | cut -c1-200
+  done
+  rm -f "$OUT"/logs/*.ncu-rep
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+esac
