@@ -2,7 +2,8 @@
 # Decode, coded KV caches, serving and shards on one H200, one stage per device call (each under 10 minutes):
 #   STAGE=decode_accept: the decode issue's acceptance in one call (~9.5 minutes): llama.cpp build (carry
 #               .cache/llama.cpp/src) and the 9b and 27b files in the background; the GPU tests of the decode
-#               kernels, the whole model and the engine; decode_profile (9b and 27b, depth 0);
+#               kernels, the whole model and the engine; bench_gemm's GEMV rows (9b, 27b) of .cache/ab_base
+#               when carried and of this tree; decode_profile (9b and 27b, depth 0);
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
@@ -36,10 +37,17 @@ decode_accept)
     python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf ) > "$OUT/logs/make_models.log" 2>&1 &
   gen=$!
   timeout 230 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
+    tests/kernels/test_gemv_q8.py \
     tests/kernels/test_flash_attn_decode.py tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_prefill.py \
     tests/model tests/engine -k "not T32768" -p no:cacheprovider --durations=8 > "$OUT/logs/test_decode_gpu.log" 2>&1
   say "decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_decode_gpu.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/logs/test_decode_gpu.log" | cut -c1-300 | head -20
+  for tree in .cache/ab_base .; do                # the GEMVs of both models, base tree first (when carried)
+    [ -d "$tree/ninfer_numba" ] || continue
+    ( cd "$tree" && timeout 60 python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv
+      timeout 60 python3 -m benchmarks.kernels.bench_gemm --model 27b --only gemv ) > "$OUT/logs/gemv_$(basename "$tree").log" 2>&1
+    say "GEMVs, tree $tree:"; grep -E "gemv_q8" "$OUT/logs/gemv_$(basename "$tree").log" | cut -c1-110
+  done
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
   profile 60 9b 0                                 # both profiles while llama.cpp still builds
   wait $gen
