@@ -36,6 +36,7 @@ from numba import float32, int32
 from ninfer_numba.kernels.gdn.chunk import gated_norm
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.reduce import row_sum_f32
 from ninfer_numba.kernels.numba_env import cuda
 
@@ -66,10 +67,12 @@ def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
     KEY_BLOCKS = NTILES * (Hv // Hk)
     SCALE = 1.0 / math.sqrt(S)
 
-    @cached_jit()
+    @cached_jit(pdl=True)
     def gdn_decode(proj, conv_w, conv_state, ssm_a, dt_bias, state, o_out, sync_counts, eps):
         # proj: [P] f32, conv_w: [C, K] f32, conv_state: [K-1, C] f32 (in/out), ssm_a, dt_bias: [Hv] f32,
         # state: [Hv, S, S] f32 (in/out), o_out: [Hv*S] f32 (raw o / sqrt(S)), sync_counts: [Hk] i32
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
         tid = cuda.threadIdx.x
         vt = cuda.blockIdx.x
         j = cuda.blockIdx.y

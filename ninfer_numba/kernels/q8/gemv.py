@@ -30,6 +30,7 @@ import numpy as np
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.q8.ref import q8_matmul_ref  # noqa: F401  (reference of this family)
 
@@ -63,10 +64,12 @@ def loads_per_step(k: int) -> int:
 def _gemv_q8_kernel(loads: int):
     step = loads * 512               # bytes of a row consumed per warp per step
 
-    @cached_jit(**_OCCUPANCY)
+    @cached_jit(pdl=True, **_OCCUPANCY)
     def gemv(wq, ws, xq, xs, out, accumulate):
         """wq: [N, K] int8, ws: [N, K/32] f16, xq: [1, K] int8, xs: [1, K/32] f32, out: [N] f32.
         grid (ceil(N / WARPS),), block (32 * WARPS,)."""
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
         n_rows = wq.shape[0]
         k = wq.shape[1]
         lane = cuda.threadIdx.x & 31

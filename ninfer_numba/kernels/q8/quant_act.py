@@ -28,6 +28,7 @@ import numpy as np
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.gdn.device_math import silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
                                             silu_mul_quant_ref)
@@ -114,20 +115,24 @@ def _silu_mul(g, u):
 
 # ---------------------------------------------------------------- kernels -----------------------------
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _quantize_rows_kernel(x, xq, xs):
     """x: [M, K] float32 -> xq: [M, K] int8, xs: [M, K/32] float32; grid (M, Y), block (TPB,)."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     m = cuda.blockIdx.x
     lane = cuda.threadIdx.x % 32
     for b in range(cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32, xs.shape[1], WARPS * cuda.gridDim.y):
         _quantize_lane_store(x[m, b * QK + lane], xq, xs, m, b, lane)
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _rmsnorm_quant_kernel(x, w, eps, xq, xs):
     """y = x / sqrt(mean(x^2) + eps) * w, quantized. x: [M, K] f32, w: [K] f32; grid (M, Y), block (TPB,).
     The warp's first element and weight are loaded before the row's sum of squares (a decode row gives each
     warp one 32-block), so only the sum's loads stand between the launch and the quantization."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     s_red = cuda.shared.array(WARPS, dtype=np.float32)   # [WARPS] the warps' sums of squares
     m = cuda.blockIdx.x
     lane = cuda.threadIdx.x % 32
@@ -143,10 +148,12 @@ def _rmsnorm_quant_kernel(x, w, eps, xq, xs):
         _quantize_lane_store((xv * r) * wv, xq, xs, m, b, lane)
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _silu_mul_quant_kernel(gu, xq, xs):
     """silu(gu[:, :F]) * gu[:, F:], quantized. gu: [M, 2F] f32 -> xq: [M, F] int8, xs: [M, F/32] f32;
     grid (M, Y), block (TPB,)."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     m = cuda.blockIdx.x
     lane = cuda.threadIdx.x % 32
     f = xq.shape[1]
@@ -160,12 +167,14 @@ def _gated_rmsnorm_quant_kernel(S: int):
     NL = min(S, QK)             # lanes of a warp per head
     PER = S // NL               # elements of the head per lane (loads issued together)
 
-    @cached_jit()
+    @cached_jit(pdl=True)
     def gated_rmsnorm_quant(y, proj, z0, norm_w, eps, xq, xs):
         """y: [M, Hv*S] f32 raw GDN output, proj: [M, P] f32 (z of element e at column z0 + e), norm_w: [S] f32
         -> RMSNorm(y per head of S) * norm_w * silu(z), quantized into xq: [M, Hv*S] int8, xs: [M, Hv*S/32]
         f32; grid (M, Y), block (TPB,). A warp's 32-block lies in one head (S % 32 == 0) or holds 32 / S whole
         heads; each warp sums its head's squares itself (NL lanes per head, the same order in every warp)."""
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
         m = cuda.blockIdx.x
         lane = cuda.threadIdx.x % 32
         vals = cuda.local.array(PER, dtype=np.float32)    # [PER] this lane's elements of the head
