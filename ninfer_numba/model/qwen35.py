@@ -305,11 +305,3 @@ class Qwen35Gpu:
         yq, ys = b.act(t, y.shape[1])
         gated_rmsnorm_quant(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yq, ys, stream=s)
         return yq, ys
-        gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws, normalize=False)
-        if self.uses_f16_activations(t):
-            yh = b.act_f16(t, y.shape[1])
-            gated_rmsnorm_f16(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yh, stream=s)
-            return yh, None
-        yq, ys = b.act(t, y.shape[1])
-        gated_rmsnorm_quant(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yq, ys, stream=s)
-        return yq, ys
