@@ -4,7 +4,8 @@ before it in the stream is still running, and waits for it on the device instead
 A decode step is ~300 small dependent kernels; each one's launch and block scheduling otherwise starts
 only when the one before it has drained (1.2 µs for the smallest in benchmarks/e2e/decode_profile.py).
 
-Contract. A kernel compiled with ``cached_jit(pdl=True)`` calls ``griddep_wait()`` before it touches any
+Contract. A kernel compiled with ``cached_jit(pdl=True)`` calls ``griddep_wait()`` (kernels/ptx.py, as every
+inline PTX) before it touches any
 global memory (it returns once every grid this one depends on has completed and its writes are visible),
 then ``griddep_launch_dependents()`` (the next kernel may now be scheduled; its own wait still holds it
 until this grid completes). Both are no-ops when the launch was not programmatic, on GPUs before sm_90 and
@@ -20,46 +21,15 @@ import contextlib
 import threading
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.ptx import griddep_launch_dependents, griddep_wait  # noqa: F401 (the contract's calls)
 
 _state = threading.local()          # .enabled: inside programmatic_launches(); .this_launch: for the next launch
 _installed = False
 
 
-def _make_intrinsics():
-    if SIMULATOR:
-        @cuda.jit(device=True)
-        def griddep_wait():
-            pass
-
-        @cuda.jit(device=True)
-        def griddep_launch_dependents():
-            pass
-        return griddep_wait, griddep_launch_dependents
-
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    def make(asm: str):
-        @intrinsic
-        def call(typingctx):
-            def codegen(context, builder, sig, args):
-                if _target_cc() >= (9, 0):
-                    fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), asm, "~{memory}", side_effect=True)
-                    builder.call(fn, [])
-                return context.get_dummy_value()
-            return types.void(), codegen
-        return call
-
-    return make("griddepcontrol.wait;"), make("griddepcontrol.launch_dependents;")
-
-
 def _target_cc() -> tuple[int, int]:
-    """The compute capability kernels are being compiled for (the current device's)."""
+    """The compute capability kernels are compiled for (the current device's)."""
     return tuple(cuda.get_current_device().compute_capability)
-
-
-griddep_wait, griddep_launch_dependents = _make_intrinsics()
 
 
 def mark(func) -> None:
