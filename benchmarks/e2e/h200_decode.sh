@@ -39,7 +39,7 @@ decode_accept)
     python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf ) > "$OUT/logs/make_models.log" 2>&1 &
   gen=$!
   timeout 230 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
-    tests/kernels/test_gemv_q8.py \
+    tests/kernels/test_gemv_q8.py $(ls tests/kernels/test_pdl.py 2>/dev/null) \
     tests/kernels/test_flash_attn_decode.py tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_prefill.py \
     tests/model tests/engine -k "not T32768" -p no:cacheprovider --durations=8 > "$OUT/logs/test_decode_gpu.log" 2>&1
   say "decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_decode_gpu.log")"
