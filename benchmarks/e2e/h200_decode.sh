@@ -3,7 +3,8 @@
 #   STAGE=decode_accept: the decode issue's acceptance in one call (~9.5 minutes): llama.cpp build (carry
 #               .cache/llama.cpp/src) and the 9b and 27b files in the background; the GPU tests of the decode
 #               kernels, the whole model and the engine; bench_gemm's GEMV rows (9b, 27b) of .cache/ab_base
-#               when carried and of this tree; decode_profile (9b and 27b, depth 0);
+#               when carried and of this tree; decode_profile (9b and 27b, depth 0; 9b with --pdl where the
+#               tree has it);
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
@@ -23,10 +24,11 @@
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
-profile() {
-  timeout $1 python3 -m benchmarks.e2e.decode_profile --model models/q35-$2.gguf --depth $3 \
-    --out "$OUT/profile_$2_d$3.json" > "$OUT/logs/decode_profile_$2_d$3.log" 2>&1
-  say "decode profile $2, depth $3 (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_$2_d$3.log" | head -16
+profile() {   # seconds, model, depth [extra decode_profile flags, e.g. --pdl]
+  local tag=$2_d$3${4:+_${4#--}}
+  timeout $1 python3 -m benchmarks.e2e.decode_profile --model models/q35-$2.gguf --depth $3 ${4:-} \
+    --out "$OUT/profile_$tag.json" > "$OUT/logs/decode_profile_$tag.log" 2>&1
+  say "decode profile $2, depth $3 ${4:-} (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_$tag.log" | head -16
 }
 case "${STAGE:-decode_accept}" in
 decode_accept)
@@ -37,7 +39,7 @@ decode_accept)
     python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf ) > "$OUT/logs/make_models.log" 2>&1 &
   gen=$!
   timeout 230 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
-    tests/kernels/test_gemv_q8.py \
+    tests/kernels/test_gemv_q8.py $(ls tests/kernels/test_pdl.py 2>/dev/null) \
     tests/kernels/test_flash_attn_decode.py tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_prefill.py \
     tests/model tests/engine -k "not T32768" -p no:cacheprovider --durations=8 > "$OUT/logs/test_decode_gpu.log" 2>&1
   say "decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_decode_gpu.log")"
@@ -49,7 +51,8 @@ decode_accept)
     say "GEMVs, tree $tree:"; grep -E "gemv_q8" "$OUT/logs/gemv_$(basename "$tree").log" | cut -c1-110
   done
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
-  profile 60 9b 0                                 # both profiles while llama.cpp still builds
+  profile 60 9b 0                                 # the profiles while llama.cpp still builds
+  if grep -q -- "--pdl" benchmarks/e2e/decode_profile.py; then profile 45 9b 0 --pdl; fi
   wait $gen
   profile 60 27b 0
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
