@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.gdn.device_math import silu_f32
+from ninfer_numba.kernels.gdn.device_math import gated_rms_apply, gated_rms_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
@@ -164,8 +164,8 @@ def _gated_rmsnorm_quant_kernel(y, proj, z0, norm_w, eps, xq, xs):
             v = y[m, h0 + t]
             ss += v * v
         ss = row_sum_f32(ss, nl)
-        inv_rms = _F1 / math.sqrt(ss / np.float32(S) + eps)     # chunk.gated_norm's expression, order
-        _quantize_lane_store(y[m, e] * inv_rms * norm_w[e - h0] * silu_f32(proj[m, z0 + e]), xq, xs, m, b, lane)
+        inv_rms = gated_rms_inverse(ss, S, eps)
+        _quantize_lane_store(gated_rms_apply(y[m, e], inv_rms, norm_w[e - h0], proj[m, z0 + e]), xq, xs, m, b, lane)
 
 
 # ---------------------------------------------------------------- launchers ---------------------------
