@@ -22,7 +22,7 @@ from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
-from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, gated_rms_apply, gated_rms_inverse, sigmoid_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.reduce import row_sum_f32
@@ -107,11 +107,11 @@ def _gated_norm_kernel(S: int, Hk: int, Hv: int):
                     acc += o * o
         acc = row_sum_f32(acc, LPR)          # every lane: shuffles need the whole warp
         if valid:
-            inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
+            inv_rms = gated_rms_inverse(acc, S, eps)
             for k in range(NPL):
                 d = lane + LPR * k
                 if d < S:
-                    y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
+                    y[t, base + d] = gated_rms_apply(y[t, base + d], inv_rms, norm_w[d], proj[t, Z0 + base + d])
 
     return gated_norm
 

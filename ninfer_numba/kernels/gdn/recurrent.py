@@ -62,8 +62,7 @@ def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
     NW = NT // 32               # warps per block
     S2 = 2 * S                  # shared-array sizes must be plain constants, not expressions
     C = 2 * Hk * S + Hv * S
-    Z0 = C                      # proj column of z
-    B0 = C + Hv * S             # proj column of beta_raw; alpha_raw follows at B0 + Hv
+    B0 = C + Hv * S             # proj column of beta_raw (after z); alpha_raw follows at B0 + Hv
     KEY_BLOCKS = NTILES * (Hv // Hk)
     SCALE = 1.0 / math.sqrt(S)
 

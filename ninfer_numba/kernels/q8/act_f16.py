@@ -31,13 +31,11 @@ before rounding is the one the int8 path quantizes. to_f16 is therefore bit-exac
 kernels differ from NumPy's float32 only in the RMSNorm summation order and the GPU expf, so a result may
 be the other float16 neighbour of the reference (tests/kernels/test_act_f16.py states the rule).
 """
-import math
-
 import numpy as np
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
-from ninfer_numba.kernels.gdn.device_math import silu_f32
+from ninfer_numba.kernels.gdn.device_math import gated_rms_apply, gated_rms_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.quant_act import TPB, WARPS, _row_rms_inverse, _silu_mul
@@ -123,15 +121,15 @@ def _gated_rmsnorm_f16_kernel(y, proj, z0, norm_w, eps, out):
         y0, y1, y2, y3 = _load4(y, m * y.shape[1] + VEC * j)
         ss = row_sum_f32(y0 * y0 + y1 * y1 + y2 * y2 + y3 * y3, lanes)
         if j0 < n4:
-            inv_rms = np.float32(1.0) / math.sqrt(ss / np.float32(S) + eps)     # chunk.gated_norm's expression
+            inv_rms = gated_rms_inverse(ss, S, eps)
             e = VEC * j
             d = e % S
             z = z0 + e
             _store_f16x4(out, m * (n4 * 2), j,
-                         y0 * inv_rms * norm_w[d] * silu_f32(proj[m, z]),
-                         y1 * inv_rms * norm_w[d + 1] * silu_f32(proj[m, z + 1]),
-                         y2 * inv_rms * norm_w[d + 2] * silu_f32(proj[m, z + 2]),
-                         y3 * inv_rms * norm_w[d + 3] * silu_f32(proj[m, z + 3]))
+                         gated_rms_apply(y0, inv_rms, norm_w[d], proj[m, z]),
+                         gated_rms_apply(y1, inv_rms, norm_w[d + 1], proj[m, z + 1]),
+                         gated_rms_apply(y2, inv_rms, norm_w[d + 2], proj[m, z + 2]),
+                         gated_rms_apply(y3, inv_rms, norm_w[d + 3], proj[m, z + 3]))
 
 
 # ---------------------------------------------------------------- launchers ---------------------------

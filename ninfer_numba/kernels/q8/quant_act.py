@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.gdn.device_math import silu_f32
+from ninfer_numba.kernels.gdn.device_math import gated_rms_apply, gated_rms_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import cuda
@@ -189,8 +189,7 @@ def _gated_rmsnorm_quant_kernel(S: int):
             for t in range(PER):
                 ss += vals[t] * vals[t]
             ss = row_sum_f32(ss, NL)
-            inv_rms = _F1 / math.sqrt(ss / np.float32(S) + eps)     # chunk.gated_norm's expression, order
-            _quantize_lane_store(y[m, e] * inv_rms * wv * silu_f32(z), xq, xs, m, b, lane)
+            _quantize_lane_store(gated_rms_apply(y[m, e], gated_rms_inverse(ss, S, eps), wv, z), xq, xs, m, b, lane)
 
     return gated_rmsnorm_quant
 
