@@ -39,20 +39,22 @@ def mark(func) -> None:
 
 def _install() -> None:
     """Wrap numba's kernel launch: a marked kernel launched inside programmatic_launches() gets the
-    programmatic-serialization attribute. numba builds a cuda.core LaunchConfig and calls cuda.core's
-    launch; the wrapper rebuilds that config with the attribute set."""
+    programmatic-serialization attribute. numba's dispatcher builds a cuda.core LaunchConfig and calls
+    cuda.core's launch; the wrapper of the dispatcher's call flags the launch, the wrapper of launch
+    rebuilds that config with the attribute set."""
     global _installed
     if _installed or SIMULATOR:
         return
     import numba.cuda.dispatcher as nd
     from cuda.core import LaunchConfig
 
-    kernel_launch, core_launch = nd._Kernel.launch, nd.launch
+    dispatcher_call, core_launch = nd.CUDADispatcher.call, nd.launch
 
-    def launch_kernel(self, args, griddim, blockdim, stream=0, sharedmem=0):
+    def call(self, args, launch_config):
+        # the dispatcher, not the compiled _Kernel: a kernel loaded from numba's disk cache has no py_func
         _state.this_launch = getattr(_state, "enabled", False) and getattr(self.py_func, "_ninfer_pdl", False)
         try:
-            return kernel_launch(self, args, griddim, blockdim, stream, sharedmem)
+            return dispatcher_call(self, args, launch_config)
         finally:
             _state.this_launch = False
 
@@ -62,7 +64,7 @@ def _install() -> None:
                                   programmatic_stream_serialization=True)
         return core_launch(stream, config, kernel, *kernel_args)
 
-    nd._Kernel.launch, nd.launch = launch_kernel, launch
+    nd.CUDADispatcher.call, nd.launch = call, launch
     _installed = True
 
 
