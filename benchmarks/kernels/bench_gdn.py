@@ -7,6 +7,9 @@ decode:  the fused gdn_decode_step; GB/s counts the state read + written (the bo
 prefill: the whole gdn_prefill (conv, norms, chunked recurrence, gated norm) at T = 8192 and 32768; ms per
          layer, tokens/s, ms for all GDN layers, and GFLOP/s of the chunked algebra, next to the published
          per-layer-per-8K figures of FLA (~0.5 ms), FlashInfer (~0.2 ms) and llama.cpp (~4.2 ms).
+         Then, at each length, the mixer through to the out-projection's float16 activation two ways:
+         gdn_prefill + to_f16 (the norm in the mixer) and gdn_prefill(normalize=False) + gated_rmsnorm_f16
+         (the norm fused into the conversion: what the model runs).
 stages:  each prefill kernel alone at T = 8192.
 Writes nothing unless --out is given (one JSON object per row, appended).
 """
@@ -25,6 +28,7 @@ from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, to_f16
 from benchmarks.timing import time_graph
 
 COPY_GBS = 4250.0
@@ -85,11 +89,25 @@ def bench_prefill(Hk, Hv, S, n_layers, rng, lengths):
             gdn_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], inp["ssm_a"], inp["dt_bias"],
                         inp["norm_w"], inp["state"], y, Hk, EPS, stream=stream, ws=ws)
 
-        ms = time_graph(launch, n_inner=1, reps=5, warmup=1).median_ms
-        gf = chunk_flops(Hv, S, T) / ms / 1e6
-        rows.append(dict(kernel="gdn_prefill", T=T, us=ms * 1e3, GFLOPs=gf, tok_s=T / ms * 1e3,
-                         all_layers_ms=ms * n_layers, ms_per_8k=ms * 8192 / T,
-                         published_ms_per_8k_9b=PUBLISHED_MS_PER_8K))
+        yh = cuda.device_array((T, Hv * S), np.float16)
+        C = 2 * Hk * S + Hv * S
+
+        def to_act(stream):
+            launch(stream)
+            to_f16(y, yh, stream=stream)
+
+        def fused_to_act(stream):
+            gdn_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], inp["ssm_a"], inp["dt_bias"],
+                        inp["norm_w"], inp["state"], y, Hk, EPS, stream=stream, ws=ws, normalize=False)
+            gated_rmsnorm_f16(y, inp["proj"], C, inp["norm_w"], EPS, yh, stream=stream)
+
+        for name, fn in (("gdn_prefill", launch), ("gdn_prefill + to_f16", to_act),
+                         ("gdn_prefill raw + gated_f16", fused_to_act)):
+            ms = time_graph(fn, n_inner=1, reps=5, warmup=1).median_ms
+            gf = chunk_flops(Hv, S, T) / ms / 1e6
+            rows.append(dict(kernel=name, T=T, us=ms * 1e3, GFLOPs=gf, tok_s=T / ms * 1e3,
+                             all_layers_ms=ms * n_layers, ms_per_8k=ms * 8192 / T,
+                             published_ms_per_8k_9b=PUBLISHED_MS_PER_8K))
         del ws
     return rows
 

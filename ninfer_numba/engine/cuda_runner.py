@@ -29,6 +29,7 @@ from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
 from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.engine.graphs import CudaGraph
+from ninfer_numba.kernels.pdl import programmatic_launches
 
 PREFILL_GRAPHS = 8                 # prefill chunk lengths kept as captured graphs
 
@@ -117,7 +118,7 @@ class CudaRunner:
         self._graphs = {}                     # (sampled, logprobs) -> the decode step's graph
         for sampled in ((False, True) if not SIMULATOR else ()):
             self._graphs[sampled, False] = CudaGraph(self.stream)
-            with self._graphs[sampled, False].capture():
+            with self._graphs[sampled, False].capture(), programmatic_launches(self.engine.pdl):
                 self._decode_step_kernels(sampled)
         self.stream.synchronize()
         self._prefill_seen.clear()                             # the scratch state's lengths are not the real one's
@@ -160,7 +161,7 @@ class CudaRunner:
         if graph is None:
             pos = self.state.host_pos
             graph = self._graphs[key] = CudaGraph(self.stream)
-            with graph.capture():                      # records only; nothing runs yet
+            with graph.capture(), programmatic_launches(self.engine.pdl):    # records only; nothing runs yet
                 enqueue()
             self.state.host_pos = pos
         graph.launch()

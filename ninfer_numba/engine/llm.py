@@ -92,7 +92,8 @@ class LLM:
         e = self.engine_config
         gemm = self.runner.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
         out = {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
-               "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs}
+               "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs,
+               "pdl": e.pdl}
         plan = getattr(self.runner, "plan", None)
         if plan is not None:
             out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]

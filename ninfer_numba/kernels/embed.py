@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import cuda
 
 QK = 32          # Q8_0 block length
@@ -28,9 +29,11 @@ def embed_gather_q8_ref(wq: np.ndarray, ws: np.ndarray, tokens: np.ndarray) -> n
     return out
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _embed_q8_kernel(wq, ws, tokens, out):
     """wq [V, D] int8, ws [V, D/32] float16, tokens [T] int32, out [T, D] float32; grid (ceil(D/TPB), T)."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     t = cuda.blockIdx.y
     d = cuda.blockIdx.x * TPB_EMBED + cuda.threadIdx.x
     D = out.shape[1]

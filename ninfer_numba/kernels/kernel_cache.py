@@ -121,9 +121,14 @@ if ENABLED:
             return key
 
 
-def cached_jit(**options):
-    """``cuda.jit(**options)`` for a kernel, with its compiled specializations kept on disk."""
+def cached_jit(pdl: bool = False, **options):
+    """``cuda.jit(**options)`` for a kernel, with its compiled specializations kept on disk. pdl: the kernel
+    keeps kernels/pdl.py's contract (griddep_wait, then griddep_launch_dependents, before any global access),
+    so its launches inside ``pdl.programmatic_launches()`` may overlap the kernel before them."""
     def wrap(func):
+        if pdl:
+            from ninfer_numba.kernels.pdl import mark
+            mark(func)
         kernel = cuda.jit(**options)(func)
         if ENABLED:
             try:

@@ -7,21 +7,26 @@ device int32 [1] buffers; these kernels update them inside the captured step.
 import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import cuda
 
 TPB = 256
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _set_kv_len(pos, kv_len, t):
     # pos: [1] int32, kv_len: [1] int32 (out), t: tokens of this forward
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     if cuda.grid(1) == 0:
         kv_len[0] = pos[0] + t
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _advance(pos, t):
     # pos: [1] int32 (in/out)
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     if cuda.grid(1) == 0:
         pos[0] += t
 

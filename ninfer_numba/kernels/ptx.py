@@ -22,6 +22,8 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
 - ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``: butterfly shuffle over the full warp;
   ``shfl_idx_f32(v, src_lane)``: every lane receives lane src_lane's v.
 - ``syncwarp()``: ``bar.warp.sync`` over the full warp (shared-memory writes of each lane visible to all).
+- ``griddep_wait()``, ``griddep_launch_dependents()``: ``griddepcontrol.wait`` / ``.launch_dependents``
+  (programmatic dependent launch, kernels/pdl.py); nothing when compiling for a GPU before sm_90.
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` intrinsics cannot run, so the same names are bound to
 ``@cuda.jit(device=True)`` Python functions. Per-thread ops (dp4a, loads, copies) are plain indexing.
@@ -253,9 +255,21 @@ def _make_intrinsics():
     def syncwarp():
         cuda.syncwarp(FULL_MASK)
 
+    def griddep(asm: str):
+        """A griddepcontrol instruction (kernels/pdl.py); nothing when compiling for a GPU before sm_90."""
+        @intrinsic
+        def call(typingctx):
+            def codegen(context, builder, sig, args):
+                if tuple(cuda.get_current_device().compute_capability) >= (9, 0):
+                    fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), asm, "~{memory}", side_effect=True)
+                    builder.call(fn, [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return call
+
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
-            syncwarp)
+            syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"))
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -446,9 +460,13 @@ def _make_fallbacks():
     def syncwarp():
         _warp_collective(0, len)
 
+    @cuda.jit(device=True)
+    def griddep_nothing():              # the simulator has no programmatic launches
+        pass
+
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
-            syncwarp)
+            syncwarp, griddep_nothing, griddep_nothing)
 
 
 def _accept_shared_alignment():
@@ -483,5 +501,5 @@ if SIMULATOR:
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
  cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
- syncwarp) = (
+ syncwarp, griddep_wait, griddep_launch_dependents) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

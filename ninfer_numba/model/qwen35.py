@@ -2,7 +2,8 @@
 
 One layer, in launches (decode, T = 1; prefill runs the same sequence with GEMMs and the chunked kernels):
   rmsnorm_quant(x, attn_norm) → int8 act → GEMV fused input projection → proj
-  GDN:  gdn_decode_step(proj) → raw o → gated_rmsnorm_quant(o, z) → int8 act
+  GDN:  gdn_decode_step(proj) → raw o → gated_rmsnorm_quant(o, z) → int8 act (prefill: gdn_prefill's raw o →
+        gated_rmsnorm_f16, or _quant without the W8A16 GEMM)
   attention: qk_norm_rope_store → attention_decode(+gate) → y → quantize_rows(y) → int8 act
   GEMV out-projection of the act accumulated into x (the residual add is the GEMV's epilogue)
   rmsnorm_quant(x, post_norm) → GEMV gate|up → silu_mul_quant → GEMV down accumulated into x
@@ -20,7 +21,7 @@ import numpy as np
 
 from ninfer_numba.config import EngineConfig, ModelConfig
 from ninfer_numba.kernels import position
-from ninfer_numba.kernels.q8.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
+from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.embed import embed_gather_q8
 from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace, attention_decode
 from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
@@ -291,11 +292,16 @@ class Qwen35Gpu:
         y = b.mat(b.y, t, c.ssm_inner)
         args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"], L.small["ssm_norm"],
                 st.ssm[L.index])
-        if t == 1:                                # raw o, then the gated norm fused into the quantization
+        # raw o, then the gated norm fused into the kernel that makes the out-projection's activation
+        if t == 1:
             gdn_decode_step(proj.reshape(-1), *args, y.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
                             stream=s, normalize=False)
-            yq, ys = b.act(1, y.shape[1])
-            gated_rmsnorm_quant(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yq, ys, stream=s)
-            return yq, ys
-        gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws)
-        return self._plain_act(y, t)
+        else:
+            gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws, normalize=False)
+        if self.uses_f16_activations(t):
+            yh = b.act_f16(t, y.shape[1])
+            gated_rmsnorm_f16(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yh, stream=s)
+            return yh, None
+        yq, ys = b.act(t, y.shape[1])
+        gated_rmsnorm_quant(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yq, ys, stream=s)
+        return yq, ys

@@ -3,9 +3,9 @@
 Tolerance rules (ref32 = the NumPy float32 value, q8.ref.rmsnorm_ref / silu_mul_ref):
 - to_f16 sees the same float32 inputs as NumPy and rounds once to nearest even, so its output is bit-exact
   with ``x.astype(np.float16)``, including ties, overflow to inf, subnormals and -0.
-- rmsnorm_f16 and silu_mul_f16 round their own float32 value once, but that value may differ from ref32 in
+- rmsnorm_f16, silu_mul_f16 and gated_rmsnorm_f16 round their own float32 value once, but that value may differ from ref32 in
   its last bits: the kernel sums x^2 in another order than NumPy (RMSNorm), and the GPU expf is within 2 ulp
-  (SiLU). Every output must therefore be one of the two float16 neighbours of ref32 (the largest float16
+  (SiLU; the gated norm has both). Every output must therefore be one of the two float16 neighbours of ref32 (the largest float16
   <= ref32 or the smallest >= ref32; a single value when ref32 is a float16), i.e. within one float16 ulp,
   and at least 99% of the outputs must equal float16(ref32) bit for bit (a float32 difference of a few ulp
   flips the float16 rounding only for values within that distance of a float16 midpoint: ~2^-12 of them).
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels.q8 import act_f16
-from ninfer_numba.kernels.q8.act_f16 import rmsnorm_f16, silu_mul_f16, to_f16
+from ninfer_numba.kernels.gdn.ref import gated_rmsnorm_ref
+from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 from ninfer_numba.kernels.q8.ref import (QK, from_fragment_order, rmsnorm_f16_ref, rmsnorm_ref, silu_mul_f16_ref,
                                             silu_mul_ref)
@@ -88,6 +89,21 @@ def _run_silu_mul_f16(m, f, seed):
     gu[0, QK // 2:QK] = 120.0                         # exp(-g) underflows: silu = g
     out = _launch(lambda o: silu_mul_f16(cuda.to_device(gu), o), m, f)
     assert_f16_neighbour(out, silu_mul_ref(gu))
+
+
+def _run_gated_rmsnorm_f16(m, Hv, S, seed):
+    """proj carries z at an offset (as the GDN input projection does) and columns either side of it."""
+    rng = np.random.default_rng(seed)
+    y = (rng.standard_normal((m, Hv, S)) * rng.uniform(0.01, 5.0, (m, Hv, 1))).astype(np.float32).reshape(m, -1)
+    y[0, :S] = 0.0                                    # a zero head: RMS = sqrt(eps), output 0
+    z0 = 3 * S + 4
+    proj = (2.0 * rng.standard_normal((m, z0 + Hv * S + 8))).astype(np.float32)
+    w = (1.0 + 0.3 * rng.standard_normal(S)).astype(np.float32)
+    eps = 1e-6
+    out = _launch(lambda o: gated_rmsnorm_f16(cuda.to_device(y), cuda.to_device(proj), z0, cuda.to_device(w),
+                                              eps, o), m, Hv * S)
+    ref = gated_rmsnorm_ref(y.reshape(m, Hv, S), proj[:, z0:z0 + Hv * S].reshape(m, Hv, S), w, eps)
+    assert_f16_neighbour(out, ref.reshape(m, -1))
 
 
 def test_f16_refs_round_the_f32_refs():
@@ -161,6 +177,22 @@ def test_silu_mul_f16(m, f, spread, monkeypatch):
 
 @pytest.mark.cudasim
 @RUNNABLE
+@pytest.mark.filterwarnings("ignore:overflow")
+@pytest.mark.parametrize("m,Hv,S", [(1, 3, 32), (2, 4, 16), (3, 2, 128), (1, 5, 64)], ids=lambda v: str(v))
+@pytest.mark.parametrize("spread", [1024, 1], ids=["spread", "row"])
+def test_gated_rmsnorm_f16(m, Hv, S, spread, monkeypatch):
+    """Heads of 4 to 32 lanes; one block per row loops over the chunks with a partial last warp."""
+    monkeypatch.setattr(act_f16, "SPREAD_BLOCKS", spread)
+    _run_gated_rmsnorm_f16(m, Hv, S, seed=m * 100 + Hv * 10 + S)
+
+
+def test_gated_rmsnorm_f16_rejects_wide_heads():
+    with pytest.raises(ValueError, match="head size 256"):
+        gated_rmsnorm_f16(np.zeros((1, 256), np.float32), None, 0, np.zeros(256, np.float32), 1e-6, None)
+
+
+@pytest.mark.cudasim
+@RUNNABLE
 def test_shape_checks():
     with pytest.raises(ValueError, match="to_f16"):
         to_f16(cuda.to_device(np.ones((2, 48), np.float32)), cuda.to_device(np.zeros((2, 48), np.float16)))
@@ -188,3 +220,11 @@ def test_gpu_to_f16_and_rmsnorm_model_shapes(m, k):
 @pytest.mark.parametrize("f", [12288, 17408])
 def test_gpu_silu_mul_f16_model_shapes(m, f):
     _run_silu_mul_f16(m, f, seed=m + f + 2)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("m", [1, 1000])
+@pytest.mark.parametrize("Hv", [32, 48], ids=["9B", "27B"])
+def test_gpu_gated_rmsnorm_f16_model_shapes(m, Hv):
+    _run_gated_rmsnorm_f16(m, Hv, 128, seed=m + Hv)

@@ -8,7 +8,7 @@ accumulating), u = 2^-24. A wrong block, scale or lane mapping misses by far mor
 import numpy as np
 import pytest
 
-from ninfer_numba.kernels.q8.gemv import gemv_q8
+from ninfer_numba.kernels.q8.gemv import MAX_LOADS, gemv_q8, loads_per_step
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 from ninfer_numba.kernels.q8.ref import QK, q8_error_bound, q8_matmul_ref, random_q8_operands
 
@@ -52,10 +52,20 @@ def _run_gemv(n, k, accumulate, seed):
 
 @pytest.mark.cudasim
 @RUNNABLE
-@pytest.mark.parametrize("n,k,accumulate", [(1, 32, False), (7, 96, False), (9, 64, True), (5, 4160, False)],
-                         ids=["N1-K32", "N7-K96", "N9-K64-acc", "N5-K4160"])
+@pytest.mark.parametrize("n,k,accumulate", [(1, 32, False), (7, 96, False), (9, 64, True), (5, 4160, False),
+                                            (3, 6688, True)],
+                         ids=["N1-K32", "N7-K96", "N9-K64-acc", "N5-K4160", "N3-K6688-two-steps-acc"])
 def test_gemv_q8_small(n, k, accumulate):
     _run_gemv(n, k, accumulate, seed=n * 7919 + k)
+
+
+def test_loads_per_step_fill_the_steps():
+    """The fewest steps of at most MAX_LOADS loads, each as full as the row allows."""
+    assert [loads_per_step(k) for k in (32, 4096, 4160, 5120, 6144, 12288, 17408)] == [1, 8, 9, 10, 6, 8, 9]
+    for k in range(32, 40000, 32):
+        per_lane, loads = -(-k // 512), loads_per_step(k)
+        steps = -(-per_lane // loads)
+        assert loads <= MAX_LOADS and steps == -(-per_lane // MAX_LOADS) and steps * loads - per_lane < steps
 
 
 @pytest.mark.cudasim

@@ -31,6 +31,7 @@ from functools import lru_cache
 import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, pair_asm_intrinsic, shfl_xor_f32
 from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
@@ -89,8 +90,10 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
     SO, SML = DEC_WARPS * G * D, DEC_WARPS * G * 2
     occupancy = {} if SIMULATOR else {"launch_bounds": (DEC_TPB, DEC_BLOCKS_PER_SM)}
 
-    @cached_jit(**occupancy)
+    @cached_jit(pdl=True, **occupancy)
     def partial_kernel(q, k_cache, v_cache, kv_len_buf, part_o, part_ml):
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
         s = cuda.blockIdx.x
         kh = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -197,11 +200,13 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
                 part_ml[s, kh * G + g, 0] = m_all
                 part_ml[s, kh * G + g, 1] = l_all
 
-    @cached_jit()
+    @cached_jit(pdl=True)
     def combine_kernel(part_o, part_ml, kv_len_buf, proj, out):
         # grid (H, ceil(D / 32)), COMB_TPB threads: warp g sums splits g, g + COMB_GROUPS, ... of dims
         # [32 y, 32 y + 32) (lane = dim; two loads in flight per step), then warp 0 adds the groups in order.
         # One thread per dim walking every split was a chain of n_splits dependent loads: 18 µs per layer.
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
         h = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         g = tid // 32

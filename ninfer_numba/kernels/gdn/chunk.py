@@ -5,7 +5,8 @@ Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel readin
   2. qk_norm_gates                             q, k heads of u L2-normalised in place; beta, g [T, Hv]
   3. chunk_intra_mma (chunk_intra_mma.py)     G, W, U, P per (chunk, value head), tensor cores
   4. chunk_state_mma (chunk_state_mma.py)     raw o into y_out; state carried over all chunks, tensor cores
-  5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place
+  5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place (or, normalize=False,
+                                               in the kernel making the out-projection's activation)
 All intermediates live in a ``GdnPrefillWorkspace`` sized for the longest prompt; kernels receive the full
 workspace arrays plus T and touch rows < T only. Callers that must never allocate pass ``ws``; without it
 one workspace per (device, shape) is kept here and grown to the longest T seen (allocation then happens
@@ -21,7 +22,7 @@ from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
-from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
+from ninfer_numba.kernels.gdn.device_math import gate_log_decay, gated_rms_apply, gated_rms_inverse, sigmoid_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.reduce import row_sum_f32
@@ -106,11 +107,11 @@ def _gated_norm_kernel(S: int, Hk: int, Hv: int):
                     acc += o * o
         acc = row_sum_f32(acc, LPR)          # every lane: shuffles need the whole warp
         if valid:
-            inv_rms = float32(1.0) / float32(math.sqrt(acc / float32(S) + float32(eps)))
+            inv_rms = gated_rms_inverse(acc, S, eps)
             for k in range(NPL):
                 d = lane + LPR * k
                 if d < S:
-                    y[t, base + d] = y[t, base + d] * inv_rms * norm_w[d] * silu_f32(proj[t, Z0 + base + d])
+                    y[t, base + d] = gated_rms_apply(y[t, base + d], inv_rms, norm_w[d], proj[t, Z0 + base + d])
 
     return gated_norm
 
@@ -154,7 +155,7 @@ def shared_workspace(T: int, Hk: int, Hv: int, S: int, stream=0) -> GdnPrefillWo
 
 
 def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, Hk: int, eps: float,
-                stream=0, ws: GdnPrefillWorkspace | None = None) -> None:
+                stream=0, ws: GdnPrefillWorkspace | None = None, normalize: bool = True) -> None:
     """T tokens through the whole GDN mixer (chunked form); leaves conv_state and state ready for decode.
 
     proj: [T, P] float32 (qkv | z | beta_raw | alpha_raw, P = C + Hv*S + 2*Hv), conv_w: [C, K] float32,
@@ -162,6 +163,8 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     state: [Hv, S, S] float32 (in/out, state[j, key, value]), y_out: [T, Hv*S] float32.
     ws: scratch (max_tokens >= T, same Hk, Hv, S); None uses the shared one (see the module docstring).
     Layers on one stream may share a workspace; concurrent streams on one device need one each.
+    normalize: False leaves the raw o in y_out (step 5 skipped) for a consumer that fuses the gated RMSNorm
+    into the next matmul's activation (q8.act_f16.gated_rmsnorm_f16, q8.quant_act.gated_rmsnorm_quant).
     """
     T = proj.shape[0]
     Hv, S = state.shape[0], state.shape[1]
@@ -179,7 +182,8 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
                                                                      T, eps)
     launch_chunk_intra_mma(ws, T, stream)
     launch_chunk_state_mma(ws, state, y_out, T, stream)
-    gated_norm(proj, norm_w, y_out, T, Hk, eps, stream=stream)
+    if normalize:
+        gated_norm(proj, norm_w, y_out, T, Hk, eps, stream=stream)
 
 
 def gated_norm(proj, norm_w, y, T: int, Hk: int, eps: float, stream=0) -> None:

@@ -31,3 +31,16 @@ def gate_log_decay(alpha_raw, a, dt_bias):
     if x <= float32(20.0):
         x = float32(math.log1p(math.exp(x)))
     return float32(a) * x
+
+
+@cuda.jit(device=True, inline=True)
+def gated_rms_inverse(ss, n, eps):
+    """1 / sqrt(ss / n + eps): the inverse RMS of a GDN output head whose n squares sum to ss."""
+    return float32(1.0) / float32(math.sqrt(ss / float32(n) + float32(eps)))
+
+
+@cuda.jit(device=True, inline=True)
+def gated_rms_apply(o, inv_rms, w, z):
+    """One element of the GDN output's gated RMSNorm, o * inv_rms * w * silu(z), in this order: prefill's
+    gated_norm and the kernels that fuse it into the next matmul's activation agree bit for bit."""
+    return o * inv_rms * w * silu_f32(z)

@@ -12,11 +12,15 @@ rows [kgrp*ROWS, (kgrp+1)*ROWS) of state column col in registers: the state is r
 once, and the two key-dimension sums (M^T k, M^T q) are finished across the KG row groups in shared memory.
 
 Each thread issues the loads of its state slice first, so they are in flight through the conv and L2-norm
-phases; block sums are warp butterflies plus one shared word per warp. (9.3 µs per 9B layer in the decode
-profile with a last-tile gated norm, tree sums and the state loaded after the norms.)
+phases; block sums are warp butterflies plus one shared word per warp; M^T k and M^T q come from one pass
+and one exchange, since o = (M + k delta)^T q = M^T q + delta (k.q). Three barriers in all. (9.3 µs per 9B
+layer in the decode profile with a last-tile gated norm, tree sums and the state loaded after the norms; 6.9
+µs with the norm moved out, before the single exchange and the early arrival.)
 
 One thing couples blocks: the conv state of a key head's q and k channels is read by every block of the
-value heads sharing it, so the last of those blocks to arrive (counter + threadfence) shifts it.
+value heads sharing it, so the last of those blocks to arrive shifts it. A block counts itself in right after
+its conv reads (their values are consumed before the barrier that precedes the atomic, and nothing this
+kernel writes is read by another block, so no fence is needed), and the flag is acted on at the end.
 ``sync_counts`` ([Hk] int32, zero before the first launch) is reset by that block, so the kernel can be
 replayed from a CUDA graph.
 
@@ -32,6 +36,7 @@ from numba import float32, int32
 from ninfer_numba.kernels.gdn.chunk import gated_norm
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, sigmoid_f32, silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.reduce import row_sum_f32
 from ninfer_numba.kernels.numba_env import cuda
 
@@ -61,10 +66,12 @@ def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
     KEY_BLOCKS = NTILES * (Hv // Hk)
     SCALE = 1.0 / math.sqrt(S)
 
-    @cached_jit()
+    @cached_jit(pdl=True)
     def gdn_decode(proj, conv_w, conv_state, ssm_a, dt_bias, state, o_out, sync_counts, eps):
         # proj: [P] f32, conv_w: [C, K] f32, conv_state: [K-1, C] f32 (in/out), ssm_a, dt_bias: [Hv] f32,
         # state: [Hv, S, S] f32 (in/out), o_out: [Hv*S] f32 (raw o / sqrt(S)), sync_counts: [Hk] i32
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
         tid = cuda.threadIdx.x
         vt = cuda.blockIdx.x
         j = cuda.blockIdx.y
@@ -77,7 +84,9 @@ def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
         s_v = cuda.shared.array(BV, float32)
         s_red_a = cuda.shared.array(NW, float32)      # [warps] partial sums of squares of q, then k
         s_red_b = cuda.shared.array(NW, float32)
-        s_part = cuda.shared.array(NT, float32)       # per (kgrp, col) partial sums over key rows
+        s_red_c = cuda.shared.array(NW, float32)      # [warps] partial raw k.q
+        s_part = cuda.shared.array(NT, float32)       # [KG, BV] partial M^T k over this thread's key rows
+        s_part_q = cuda.shared.array(NT, float32)     # [KG, BV] partial M^T q
         s_flag = cuda.shared.array(1, int32)
         r_x = cuda.local.array(K, float32)
         r_m = cuda.local.array(ROWS, float32)         # this thread's ROWS x 1 slice of state column vcol
@@ -109,61 +118,64 @@ def _decode_kernel(S: int, K: int, Hk: int, Hv: int):
                 conv_state[k, ch] = r_x[k + 1]
         cuda.syncthreads()
 
-        # --- L2 norms of q and k (x / max(||x||, eps)): a butterfly per warp, the warps' sums in order
+        # --- arrival: this block has read its key head's q/k conv state (the barrier above); the last of the
+        #     key head's blocks to arrive shifts it at the end (the flag is read after the next barrier)
+        if tid == 0:
+            s_flag[0] = 1 if cuda.atomic.add(sync_counts, kh, 1) == KEY_BLOCKS - 1 else 0
+
+        # --- L2 norms of q and k (x / max(||x||, eps)) and the raw k.q: a butterfly per warp, the warps' sums
+        #     in order
         pa = float32(0.0)
         pb = float32(0.0)
+        pc = float32(0.0)
         for c in range(tid, S, NT):
             pa += s_qk[c] * s_qk[c]
             pb += s_qk[S + c] * s_qk[S + c]
+            pc += s_qk[c] * s_qk[S + c]
         pa = row_sum_f32(pa, 32)
         pb = row_sum_f32(pb, 32)
+        pc = row_sum_f32(pc, 32)
         if lane == 0:
             s_red_a[warp] = pa
             s_red_b[warp] = pb
+            s_red_c[warp] = pc
         cuda.syncthreads()
         ssq_q = float32(0.0)
         ssq_k = float32(0.0)
+        kq = float32(0.0)
         for w in range(NW):
             ssq_q += s_red_a[w]
             ssq_k += s_red_b[w]
+            kq += s_red_c[w]
         inv_q = float32(1.0) / max(float32(math.sqrt(ssq_q)), epsf)
         inv_k = float32(1.0) / max(float32(math.sqrt(ssq_k)), epsf)
+        kq = (kq * inv_q) * inv_k                     # k.q of the normalised vectors
         beta = sigmoid_f32(proj[B0 + j])
         decay = float32(math.exp(gate_log_decay(proj[B0 + Hv + j], ssm_a[j], dt_bias[j])))
 
-        # --- delta rule on the slice (q and k scaled by their inverse norms as they are read)
-        acc = float32(0.0)
+        # --- delta rule on the slice, one exchange: with M = decay * state, kv = M^T k and mq = M^T q over the
+        #     column; delta = beta (v - kv); o = (M + k delta)^T q = mq + delta (k.q); M' = M + k delta
+        acc_k = float32(0.0)
+        acc_q = float32(0.0)
         for r in range(ROWS):
             m = r_m[r] * decay
             r_m[r] = m
-            acc += m * (s_qk[S + i0 + r] * inv_k)
-        s_part[tid] = acc
+            acc_k += m * (s_qk[S + i0 + r] * inv_k)
+            acc_q += m * (s_qk[i0 + r] * inv_q)
+        s_part[tid] = acc_k
+        s_part_q[tid] = acc_q
         cuda.syncthreads()
         kv = float32(0.0)
+        mq = float32(0.0)
         for g in range(KG):
             kv += s_part[g * BV + col]
+            mq += s_part_q[g * BV + col]
         delta = beta * (s_v[col] - kv)
-        cuda.syncthreads()                            # everyone has read s_part before it is reused
-        acc = float32(0.0)
-        for r in range(ROWS):
-            m = r_m[r] + (s_qk[S + i0 + r] * inv_k) * delta
-            state[j, i0 + r, vcol] = m
-            acc += m * (s_qk[i0 + r] * inv_q)
-        s_part[tid] = acc
-        cuda.syncthreads()
         if kgrp == 0:
-            o = float32(0.0)
-            for g in range(KG):
-                o += s_part[g * BV + col]
-            o_out[j * S + vcol] = o * float32(SCALE)
+            o_out[j * S + vcol] = (mq + delta * kq) * float32(SCALE)
+        for r in range(ROWS):
+            state[j, i0 + r, vcol] = r_m[r] + (s_qk[S + i0 + r] * inv_k) * delta
 
-        # --- arrival counter: the last block of key head kh shifts its q/k conv state (every block of the
-        #     key head has read it by now)
-        cuda.threadfence()
-        cuda.syncthreads()
-        if tid == 0:
-            s_flag[0] = 1 if cuda.atomic.add(sync_counts, kh, 1) == KEY_BLOCKS - 1 else 0
-        cuda.syncthreads()
         if s_flag[0] != 0:
             for c in range(tid, 2 * S, NT):
                 ch = kh * S + c if c < S else Hk * S + kh * S + (c - S)

@@ -1,6 +1,6 @@
 """Float16 activations for the W8A16 prefill GEMM (gemm_w8a16.py takes ``xh: float16 [M, K]`` in fragment
-order): plain conversion, fused with RMSNorm, fused with SiLU gating. The float16 counterparts of
-quant_act.py.
+order): plain conversion, fused with RMSNorm, fused with SiLU gating, fused with the GDN output's gated
+RMSNorm. The float16 counterparts of quant_act.py.
 
 Layout: inputs float32 [M, K] (SiLU: [M, 2F], gate columns [0, F), up columns [F, 2F)), C-contiguous with
 16-byte aligned rows (K % 32 == 0 and an aligned base); outputs float16 [M, K], C-contiguous, in fragment
@@ -35,10 +35,12 @@ import numpy as np
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
+from ninfer_numba.kernels.gdn.device_math import gated_rms_apply, gated_rms_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.quant_act import TPB, WARPS, _row_rms_inverse, _silu_mul
 from ninfer_numba.kernels.q8.ref import QK, rmsnorm_f16_ref, silu_mul_f16_ref  # noqa: F401
+from ninfer_numba.kernels.reduce import row_sum_f32
 
 VEC = 4                         # elements per chunk: one 16-byte load, two 4-byte stores
 MAX_BLOCKS = 4096               # to_f16's grid cap (~31 blocks of TPB per H200 SM; the loop covers the rest)
@@ -103,6 +105,33 @@ def _silu_mul_f16_kernel(gu, out):
                      _silu_mul(g3, u3))
 
 
+@cached_jit()
+def _gated_rmsnorm_f16_kernel(y, proj, z0, norm_w, eps, out):
+    """RMSNorm(y per head of S) * norm_w * silu(z) in float16. y: [M, Hv*S] f32 raw GDN output, proj: [M, P]
+    f32 (z of element e at column z0 + e), norm_w: [S] f32 -> out: [M·Hv·S/2] uint32 (fragment order);
+    grid (M, Y), block (TPB,). A head's S/4 chunks are consecutive lanes of one warp (S/4 a power of two
+    <= 32), so its sum of squares is a butterfly over them; the loop runs whole warps (shuffles need them)."""
+    m = cuda.blockIdx.x
+    n4 = y.shape[1] // VEC
+    n4_warps = (n4 + 31) // 32 * 32                      # a lane's j and its warp's first j agree on the bound
+    S = norm_w.shape[0]
+    lanes = S // VEC                                      # lanes per head
+    for j0 in range(cuda.blockIdx.y * TPB + cuda.threadIdx.x, n4_warps, TPB * cuda.gridDim.y):
+        j = min(j0, n4 - 1)                               # past the end (whole heads): loaded, not stored
+        y0, y1, y2, y3 = _load4(y, m * y.shape[1] + VEC * j)
+        ss = row_sum_f32(y0 * y0 + y1 * y1 + y2 * y2 + y3 * y3, lanes)
+        if j0 < n4:
+            inv_rms = gated_rms_inverse(ss, S, eps)
+            e = VEC * j
+            d = e % S
+            z = z0 + e
+            _store_f16x4(out, m * (n4 * 2), j,
+                         gated_rms_apply(y0, inv_rms, norm_w[d], proj[m, z]),
+                         gated_rms_apply(y1, inv_rms, norm_w[d + 1], proj[m, z + 1]),
+                         gated_rms_apply(y2, inv_rms, norm_w[d + 2], proj[m, z + 2]),
+                         gated_rms_apply(y3, inv_rms, norm_w[d + 3], proj[m, z + 3]))
+
+
 # ---------------------------------------------------------------- launchers ---------------------------
 
 def _check(name, m, k, out, k_out):
@@ -144,3 +173,18 @@ def silu_mul_f16(gu, out, *, stream=0):
     _check("silu_mul_f16", m, f if 2 * f == f2 else 1, out, f)
     if m:
         _silu_mul_f16_kernel[_row_grid(m, f), TPB, stream](gu, out.reshape(-1).view(np.uint32))
+
+
+def gated_rmsnorm_f16(y, proj, z0: int, norm_w, eps, out, *, stream=0):
+    """Fused GDN gated RMSNorm + float16. y: [M, Hv*S] float32 raw o (gdn_prefill, normalize=False);
+    proj: [M, P] float32 with z at columns [z0, z0 + Hv*S); norm_w: [S] float32 (S/4 a power of two <= 32);
+    eps: float; out: [M, Hv*S] float16 in fragment order (out)."""
+    m, k = y.shape
+    S = norm_w.shape[0]
+    lanes = S // VEC
+    if S % VEC or lanes > 32 or lanes & (lanes - 1):
+        raise ValueError(f"gated_rmsnorm_f16: head size {S} must be 4 times a power of two <= 32")
+    _check("gated_rmsnorm_f16", m, k, out, k)
+    if m:
+        _gated_rmsnorm_f16_kernel[_row_grid(m, k), TPB, stream](y, proj, np.int32(z0), norm_w, np.float32(eps),
+                                                                out.reshape(-1).view(np.uint32))

@@ -21,12 +21,14 @@ different expf (SiLU) than NumPy, so there only values within rounding of a .5 b
 (tests/kernels/test_quant_act.py states the rule).
 """
 import math
+from functools import lru_cache
 
 import numpy as np
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.gdn.device_math import silu_f32
+from ninfer_numba.kernels.gdn.device_math import gated_rms_apply, gated_rms_inverse
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.ref import (QK, quantize_q8_blocks_ref, rmsnorm_quant_ref,  # noqa: F401
                                             silu_mul_quant_ref)
@@ -113,31 +115,45 @@ def _silu_mul(g, u):
 
 # ---------------------------------------------------------------- kernels -----------------------------
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _quantize_rows_kernel(x, xq, xs):
     """x: [M, K] float32 -> xq: [M, K] int8, xs: [M, K/32] float32; grid (M, Y), block (TPB,)."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     m = cuda.blockIdx.x
     lane = cuda.threadIdx.x % 32
     for b in range(cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32, xs.shape[1], WARPS * cuda.gridDim.y):
         _quantize_lane_store(x[m, b * QK + lane], xq, xs, m, b, lane)
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _rmsnorm_quant_kernel(x, w, eps, xq, xs):
-    """y = x / sqrt(mean(x^2) + eps) * w, quantized. x: [M, K] f32, w: [K] f32; grid (M, Y), block (TPB,)."""
+    """y = x / sqrt(mean(x^2) + eps) * w, quantized. x: [M, K] f32, w: [K] f32; grid (M, Y), block (TPB,).
+    The warp's first element and weight are loaded before the row's sum of squares (a decode row gives each
+    warp one 32-block), so only the sum's loads stand between the launch and the quantization."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     s_red = cuda.shared.array(WARPS, dtype=np.float32)   # [WARPS] the warps' sums of squares
     m = cuda.blockIdx.x
     lane = cuda.threadIdx.x % 32
+    b0 = cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32
+    i0 = b0 * QK + lane if b0 < xs.shape[1] else lane
+    x0 = x[m, i0]
+    w0 = w[i0]
     r = _row_rms_inverse(s_red, x, m, eps)
-    for b in range(cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32, xs.shape[1], WARPS * cuda.gridDim.y):
+    for b in range(b0, xs.shape[1], WARPS * cuda.gridDim.y):
         i = b * QK + lane
-        _quantize_lane_store((x[m, i] * r) * w[i], xq, xs, m, b, lane)
+        xv = x0 if b == b0 else x[m, i]
+        wv = w0 if b == b0 else w[i]
+        _quantize_lane_store((xv * r) * wv, xq, xs, m, b, lane)
 
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _silu_mul_quant_kernel(gu, xq, xs):
     """silu(gu[:, :F]) * gu[:, F:], quantized. gu: [M, 2F] f32 -> xq: [M, F] int8, xs: [M, F/32] f32;
     grid (M, Y), block (TPB,)."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     m = cuda.blockIdx.x
     lane = cuda.threadIdx.x % 32
     f = xq.shape[1]
@@ -146,26 +162,36 @@ def _silu_mul_quant_kernel(gu, xq, xs):
         _quantize_lane_store(_silu_mul(gu[m, i], gu[m, f + i]), xq, xs, m, b, lane)
 
 
-@cached_jit()
-def _gated_rmsnorm_quant_kernel(y, proj, z0, norm_w, eps, xq, xs):
-    """y: [M, Hv*S] f32 raw GDN output, proj: [M, P] f32 (z of element e at column z0 + e), norm_w: [S] f32
-    -> RMSNorm(y per head of S) * norm_w * silu(z), quantized into xq: [M, Hv*S] int8, xs: [M, Hv*S/32] f32;
-    grid (M, Y), block (TPB,). A warp's 32-block lies in one head (S % 32 == 0) or holds 32 / S whole heads;
-    each warp sums its head's squares itself (NL lanes per head, the same order in every warp)."""
-    m = cuda.blockIdx.x
-    lane = cuda.threadIdx.x % 32
-    S = norm_w.shape[0]
-    nl = min(S, 32)
-    for b in range(cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32, xs.shape[1], WARPS * cuda.gridDim.y):
-        e = b * QK + lane
-        h0 = (e // S) * S
-        ss = _F0
-        for t in range(lane % nl, S, nl):
-            v = y[m, h0 + t]
-            ss += v * v
-        ss = row_sum_f32(ss, nl)
-        inv_rms = _F1 / math.sqrt(ss / np.float32(S) + eps)     # chunk.gated_norm's expression, order
-        _quantize_lane_store(y[m, e] * inv_rms * norm_w[e - h0] * silu_f32(proj[m, z0 + e]), xq, xs, m, b, lane)
+@lru_cache(maxsize=None)
+def _gated_rmsnorm_quant_kernel(S: int):
+    NL = min(S, QK)             # lanes of a warp per head
+    PER = S // NL               # elements of the head per lane (loads issued together)
+
+    @cached_jit(pdl=True)
+    def gated_rmsnorm_quant(y, proj, z0, norm_w, eps, xq, xs):
+        """y: [M, Hv*S] f32 raw GDN output, proj: [M, P] f32 (z of element e at column z0 + e), norm_w: [S] f32
+        -> RMSNorm(y per head of S) * norm_w * silu(z), quantized into xq: [M, Hv*S] int8, xs: [M, Hv*S/32]
+        f32; grid (M, Y), block (TPB,). A warp's 32-block lies in one head (S % 32 == 0) or holds 32 / S whole
+        heads; each warp sums its head's squares itself (NL lanes per head, the same order in every warp)."""
+        griddep_wait()                                # kernels/pdl.py: before any global access
+        griddep_launch_dependents()
+        m = cuda.blockIdx.x
+        lane = cuda.threadIdx.x % 32
+        vals = cuda.local.array(PER, dtype=np.float32)    # [PER] this lane's elements of the head
+        for b in range(cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32, xs.shape[1], WARPS * cuda.gridDim.y):
+            e = b * QK + lane
+            h0 = (e // S) * S
+            z = proj[m, z0 + e]
+            wv = norm_w[e - h0]
+            for t in range(PER):
+                vals[t] = y[m, h0 + lane % NL + NL * t]
+            ss = _F0
+            for t in range(PER):
+                ss += vals[t] * vals[t]
+            ss = row_sum_f32(ss, NL)
+            _quantize_lane_store(gated_rms_apply(y[m, e], gated_rms_inverse(ss, S, eps), wv, z), xq, xs, m, b, lane)
+
+    return gated_rmsnorm_quant
 
 
 # ---------------------------------------------------------------- launchers ---------------------------
@@ -208,4 +234,5 @@ def gated_rmsnorm_quant(y, proj, z0: int, norm_w, eps, xq, xs, *, stream=0):
         raise ValueError(f"gated_rmsnorm_quant: head size {S} must divide or be a multiple of {QK}")
     if y.shape[0] == 0:
         return
-    _gated_rmsnorm_quant_kernel[_grid(*y.shape), TPB, stream](y, proj, np.int32(z0), norm_w, np.float32(eps), xq, xs)
+    _gated_rmsnorm_quant_kernel(S)[_grid(*y.shape), TPB, stream](y, proj, np.int32(z0), norm_w, np.float32(eps),
+                                                                  xq, xs)

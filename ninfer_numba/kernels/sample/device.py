@@ -18,6 +18,7 @@ import secrets
 import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.sample.ref import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1
 from ninfer_numba.kernels.sample.radix_select import (
@@ -152,9 +153,11 @@ def _philox_uniform(seed_lo, seed_hi, step):
 
 # ---------------------------------------------------------------- kernels
 
-@cached_jit()
+@cached_jit(pdl=True)
 def _argmax_kernel(logits, part_val, part_idx, done, out_token):
     """logits [V] float32 -> out_token [1] int32: first index of the maximum."""
+    griddep_wait()                                # kernels/pdl.py: before any global access
+    griddep_launch_dependents()
     s_v = cuda.shared.array(TPB, np.float32)
     s_i = cuda.shared.array(TPB, np.int64)
     s_flag = cuda.shared.array(1, np.int32)
