@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="our prefill GEMM: w8a16 (Hopper, f16 activations), mma or dp4a (int8 activations)")
     parser.add_argument("--prefill-graphs", choices=["on", "off"], default="on",
                         help="replay repeated prefill chunk lengths from CUDA graphs (off: every launch from Python)")
-    parser.add_argument("--pdl", choices=["on", "off"], default="off",
+    parser.add_argument("--pdl", choices=["on", "off"], default="on",
                         help="our decode-step kernels launched programmatically (Hopper; kernels/pdl.py)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default results/<date>_<gpu>_<model>/; one subfolder per model "
@@ -168,7 +168,7 @@ def kernel_start_settings() -> dict:
 
 
 def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_type: str,
-               gemm: str, prefill_graphs: bool = True, pdl: bool = False) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
+               gemm: str, prefill_graphs: bool = True, pdl: bool = True) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
     """Our engine on every test: (test, samples_tps, settings, compile_seconds) per test, and describe()."""
     from ninfer_numba import LLM
 
@@ -177,8 +177,8 @@ def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_
         kwargs["gemm"] = gemm
     if not prefill_graphs and backend == "cuda":
         kwargs["prefill_graphs"] = False
-    if pdl and backend == "cuda":
-        kwargs["pdl"] = True
+    if not pdl and backend == "cuda":
+        kwargs["pdl"] = False
     t0 = time.perf_counter()
     llm = LLM(model, backend=backend, max_seq=max(t.context for t in tests), **kwargs)
     load_s = time.perf_counter() - t0

@@ -231,7 +231,7 @@ class EngineConfig:
     kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 (kernels/kvq)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
-    pdl: bool = False              # decode-step kernels launched programmatically on sm_90+ (kernels/pdl.py)
+    pdl: bool = True               # decode-step kernels launched programmatically on sm_90+ (kernels/pdl.py)
     prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)
     prefix_cache_mb: int = 1024    # snapshots of states at prompt prefixes, reused across requests; 0: off
     snapshot_every: int = 2048     # a snapshot at every multiple of this many prompt tokens (prefix_cache.py)

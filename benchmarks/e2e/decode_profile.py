@@ -51,12 +51,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--depth", type=int, default=0, help="tokens in the cache before the step")
     ap.add_argument("--out", help="write the rows as JSON here")
-    ap.add_argument("--pdl", action="store_true", help="decode graphs with programmatic launches (the step only)")
+    ap.add_argument("--no-pdl", action="store_true", help="decode graphs without programmatic launches")
     a = ap.parse_args(argv)
     from benchmarks.ceilings import measure_ceilings
     from benchmarks.timing import time_graph
     from ninfer_numba import LLM
-    llm = LLM(a.model, backend="cuda", max_seq=a.depth + 4096, prefix_cache_mb=0, pdl=a.pdl)
+    llm = LLM(a.model, backend="cuda", max_seq=a.depth + 4096, prefix_cache_mb=0, pdl=not a.no_pdl)
     step_ms = 1e3 * llm.bench_decode(64, a.depth) / 64
     copy_gbps = measure_ceilings()["copy_gbps"] or 4250.0
     runner = llm.runner

@@ -3,11 +3,11 @@
 #   STAGE=decode_accept: the decode issue's acceptance in one call (~9.5 minutes): llama.cpp build (carry
 #               .cache/llama.cpp/src) and the 9b and 27b files in the background; the GPU tests of the decode
 #               kernels, the whole model and the engine; bench_gemm's GEMV rows (9b, 27b) of .cache/ab_base
-#               when carried and of this tree; decode_profile (9b and 27b, depth 0; 9b with --pdl where the
+#               when carried and of this tree; decode_profile (9b and 27b, depth 0; 9b with --no-pdl where the
 #               tree has it);
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=branch_ab: the waiting branches' GPU tests, 27b GEMVs and 9b GDN prefill against .cache/ab_base,
-#               profiles (9b, 9b --pdl, 27b), both engines' tg128 on 9b and 27b
+#               profiles (9b, 9b --no-pdl, 27b), both engines' tg128 on 9b and 27b
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
@@ -26,7 +26,7 @@
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
-profile() {   # seconds, model, depth [extra decode_profile flags, e.g. --pdl]
+profile() {   # seconds, model, depth [extra decode_profile flags, e.g. --no-pdl]
   local tag=$2_d$3${4:+_${4#--}}
   timeout $1 python3 -m benchmarks.e2e.decode_profile --model models/q35-$2.gguf --depth $3 ${4:-} \
     --out "$OUT/profile_$tag.json" > "$OUT/logs/decode_profile_$tag.log" 2>&1
@@ -54,7 +54,7 @@ decode_accept)
   done
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
   profile 60 9b 0                                 # the profiles while llama.cpp still builds
-  if grep -q -- "--pdl" benchmarks/e2e/decode_profile.py; then profile 45 9b 0 --pdl; fi
+  if grep -q -- "--no-pdl" benchmarks/e2e/decode_profile.py; then profile 45 9b 0 --no-pdl; fi
   wait $gen
   profile 60 27b 0
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
@@ -69,7 +69,7 @@ decode_accept)
   ;;
 branch_ab)
   # the waiting decode and GDN branches against .cache/ab_base in one call: their GPU tests, the 27b GEMVs
-  # and the 9b GDN prefill of both trees, the profiles (9b with and without --pdl, 27b), both engines' tg128
+  # and the 9b GDN prefill of both trees, the profiles (9b with and without programmatic launches, 27b), both engines' tg128
   python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
   build=$!
   rm -f /tmp/ninfer_9b_ready
@@ -91,7 +91,7 @@ branch_ab)
   done
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
   profile 45 9b 0
-  if grep -q -- "--pdl" benchmarks/e2e/decode_profile.py; then profile 45 9b 0 --pdl; fi
+  if grep -q -- "--no-pdl" benchmarks/e2e/decode_profile.py; then profile 45 9b 0 --no-pdl; fi
   wait $gen
   profile 50 27b 0
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"

@@ -69,7 +69,7 @@ def test_programmatic_decode_graphs_change_nothing(tmp_path):
     prompt = np.random.default_rng(4).integers(0, 320, 40).tolist()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    llms = [_tiny_gpu_llm(tmp_path / "a"), _tiny_gpu_llm(tmp_path / "b", pdl=True)]
+    llms = [_tiny_gpu_llm(tmp_path / "a", pdl=False), _tiny_gpu_llm(tmp_path / "b", pdl=True)]
     steps = []
     for llm in llms:
         llm.runner.reset()
