@@ -94,24 +94,22 @@ def _output_file(path: str) -> Path:
     return p
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be an integer in 1..65535, not {text!r}")
-    return port
+def _int_in(lo: int, hi: int | None = None, what: str = "must be"):
+    """An argparse type: an integer in lo..hi (no upper bound when hi is None), else a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < lo or (hi is not None and n > hi):
+            bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{what} an integer {bound}, not {text!r}")
+        return n
+    return parse
 
 
-def _non_negative(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, not {text!r}")
-    return n
+_port = _int_in(1, 65535, "port must be")
+_non_negative = _int_in(0)
 
 
 def _cmd_logits(a: argparse.Namespace) -> int:

@@ -34,12 +34,7 @@ profile() {   # seconds, model, depth [extra decode_profile flags, e.g. --no-pdl
 }
 case "${STAGE:-decode_accept}" in
 decode_accept)
-  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
-  build=$!
-  rm -f /tmp/ninfer_9b_ready
-  ( python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf && touch /tmp/ninfer_9b_ready
-    python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf ) > "$OUT/logs/make_models.log" 2>&1 &
-  gen=$!
+  start_builds "$OUT/logs"
   timeout 230 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
     tests/kernels/test_gemv_q8.py $(ls tests/kernels/test_pdl.py 2>/dev/null) \
     tests/kernels/test_flash_attn_decode.py tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_prefill.py \
@@ -70,12 +65,7 @@ decode_accept)
 branch_ab)
   # the waiting decode and GDN branches against .cache/ab_base in one call: their GPU tests, the 27b GEMVs
   # and the 9b GDN prefill of both trees, the profiles (9b with and without programmatic launches, 27b), both engines' tg128
-  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
-  build=$!
-  rm -f /tmp/ninfer_9b_ready
-  ( python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf && touch /tmp/ninfer_9b_ready
-    python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf ) > "$OUT/logs/make_models.log" 2>&1 &
-  gen=$!
+  start_builds "$OUT/logs"
   timeout 170 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
     tests/kernels/test_gemv_q8.py $(ls tests/kernels/test_pdl.py 2>/dev/null) tests/kernels/test_gdn_decode.py \
     tests/kernels/test_gdn_prefill.py tests/model -k "not T32768" -p no:cacheprovider --durations=8 \

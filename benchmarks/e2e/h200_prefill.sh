@@ -123,14 +123,7 @@ graphs)
   tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
   ;;
 accept)
-  python3 -m benchmarks.llamacpp build > "$OUT/llamacpp_build.log" 2>&1 &
-  build=$!
-  rm -f /tmp/ninfer_9b_ready
-  ( [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
-    touch /tmp/ninfer_9b_ready
-    [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
-  ) > "$OUT/make_models.log" 2>&1 &
-  gen=$!
+  start_builds "$OUT"
   timeout 120 python3 -m pytest -q -n 4 -m gpu tests/model -p no:cacheprovider > "$OUT/test_gpu_model.log" 2>&1
   say "whole-model GPU tests: $(tail -1 "$OUT/test_gpu_model.log")"; grep -E "^(FAILED|E  )" "$OUT/test_gpu_model.log" | cut -c1-600 | head -8
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/llamacpp_build.log")"
@@ -157,14 +150,7 @@ gdn_accept)
   # results first, each packed as soon as it exists (a call returns 8 files; one that hits its time limit
   # never reaches a final tar); the slow float64 GPU tests last
   pack() { tar czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; }
-  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
-  build=$!
-  rm -f /tmp/ninfer_9b_ready
-  ( [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
-    touch /tmp/ninfer_9b_ready
-    [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
-  ) > "$OUT/logs/make_models.log" 2>&1 &
-  gen=$!
+  start_builds "$OUT/logs"
   timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages \
     --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
   say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -16

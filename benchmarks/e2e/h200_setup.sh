@@ -6,6 +6,18 @@ export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
 say "setup done"
+# llama.cpp's build (carry .cache/llama.cpp/src) and the 9b, then the 27b synthetic file, in the background:
+# $build and $gen are their pids, /tmp/ninfer_9b_ready appears once the 9b file is there; $1: the log folder
+start_builds() {
+  python3 -m benchmarks.llamacpp build > "$1/llamacpp_build.log" 2>&1 &
+  build=$!
+  rm -f /tmp/ninfer_9b_ready
+  ( [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
+    touch /tmp/ninfer_9b_ready
+    [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf
+  ) > "$1/make_models.log" 2>&1 &
+  gen=$!
+}
 # our decode at depth 32K on the 9b file with each given KV cache type (no llama.cpp); records in $OUT/kv.tgz
 kv_decode_bench() {
   for kv in "$@"; do

@@ -48,11 +48,6 @@ def _make_intrinsics():
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
 
-_LANES = np.arange(32)
-_G = _LANES >> 2
-_T = _LANES & 3
-
-
 def _tf32_truncate(x) -> np.uint32:
     """The float32 x with its low 13 bits cleared, as bits."""
     return np.uint32(int(np.array([x], np.float32).view(np.uint32)[0]) & 0xFFFFE000)
@@ -64,22 +59,8 @@ def _as_tf32(words) -> np.ndarray:
     return w.view(np.float32).astype(np.float64)
 
 
-def _mma_tf32_from_fragments(frags):
-    """A @ B (float64 [16, 8]) from the 32 lanes' (a0, a1, a2, a3, b0, b1) in the docstring's layout."""
-    f = np.array(frags, np.int64)
-    a = np.zeros((16, 8))
-    b = np.zeros((8, 8))
-    a[_G, _T] = _as_tf32(f[:, 0])
-    a[_G + 8, _T] = _as_tf32(f[:, 1])
-    a[_G, _T + 4] = _as_tf32(f[:, 2])
-    a[_G + 8, _T + 4] = _as_tf32(f[:, 3])
-    b[_T, _G] = _as_tf32(f[:, 4])
-    b[_T + 4, _G] = _as_tf32(f[:, 5])
-    return a @ b
-
-
 def _make_fallbacks():
-    mma_tf32_1688 = mma_sync_f32_twin(_mma_tf32_from_fragments)
+    mma_tf32_1688 = mma_sync_f32_twin(_as_tf32, 1)
 
     @cuda.jit(device=True)
     def split_tf32(x):

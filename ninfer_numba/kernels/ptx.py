@@ -379,9 +379,29 @@ def _ldmatrix_trans(rows):
     return _ldmatrix_regs(rows, True)
 
 
-def mma_sync_f32_twin(product):
-    """The simulator's stand-in for an intrinsic of ``mma_sync_f32_intrinsic``: ``product`` maps the 32 lanes'
-    (a0, a1, a2, a3, b0, b1) to A·B (float64 [16, 8]); each lane gets its C/D fragment plus c."""
+def _mma_operands_product(frags, decode, per_reg: int):
+    """A·B (float64 [16, 8]) of an m16n8k(8·per_reg) mma from the 32 lanes' (a0, a1, a2, a3, b0, b1): lane
+    (g, t) = (lane // 4, lane % 4) holds A[g (+8), per_reg·t + i (+4·per_reg)] and B[per_reg·t + i (+4·per_reg),
+    g] for i < per_reg; ``decode`` maps 32 register words to their per_reg values each."""
+    f = np.array(frags, np.int64)
+    lanes = np.arange(32)
+    rows = (lanes >> 2)[:, None]
+    cols = per_reg * (lanes & 3)[:, None] + np.arange(per_reg)[None, :]
+    half = 4 * per_reg
+    a = np.zeros((16, 2 * half))
+    b = np.zeros((2 * half, 8))
+    vals = [np.asarray(decode(f[:, r])).reshape(32, per_reg) for r in range(6)]
+    a[rows, cols], a[rows + 8, cols], a[rows, cols + half], a[rows + 8, cols + half] = vals[:4]
+    b[cols, rows], b[cols + half, rows] = vals[4:]
+    return a @ b
+
+
+def mma_sync_f32_twin(decode, per_reg: int):
+    """The simulator's stand-in for an intrinsic of ``mma_sync_f32_intrinsic`` whose operand registers hold
+    per_reg values each (``decode``: 32 words -> their values); each lane gets its C/D fragment plus c."""
+    def product(frags):
+        return _mma_operands_product(frags, decode, per_reg)
+
     @cuda.jit(device=True)
     def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         lane, d = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3, b0, b1)), product)

@@ -209,3 +209,50 @@ def test_ldmatrix_x4_fragment_layout():
     lanes = np.arange(32)
     ref = np.stack([src[row_of_lane[8 * j + lanes // 4], lanes % 4] for j in range(4)], axis=1)
     np.testing.assert_array_equal(out.copy_to_host(), ref)
+
+
+def _float_mma_registers(a, b, per_reg, pack):
+    """[32, 6] uint32: lane (g, t)'s a0..a3, b0, b1 of an m16n8k(8·per_reg) mma (the PTX ISA's layout)."""
+    half = 4 * per_reg
+    regs = np.zeros((32, 6), np.uint32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        cols = [per_reg * t + i for i in range(per_reg)]
+        blocks = [a[g, cols], a[g + 8, cols], a[g, [c + half for c in cols]], a[g + 8, [c + half for c in cols]],
+                  b[cols, g], b[[c + half for c in cols], g]]
+        regs[lane] = [pack(x) for x in blocks]
+    return regs
+
+
+def _float_mma_kernel(mma):
+    @cuda.jit
+    def kernel(regs, c, d):
+        """regs: [32, 6] uint32, c, d: [16, 8] float32; one warp."""
+        lane = cuda.threadIdx.x
+        g, t = lane >> 2, lane & 3
+        d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = mma(
+            regs[lane, 0], regs[lane, 1], regs[lane, 2], regs[lane, 3], regs[lane, 4], regs[lane, 5],
+            c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+    return kernel
+
+
+@pytest.mark.parametrize("kind", ["tf32_1688", "f16_16816"])
+def test_float_mma_matches_matmul(kind):
+    """Operands exactly representable in the input type, so A·B + C is exact in float64 up to the float32
+    accumulator's rounding."""
+    from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816
+    from ninfer_numba.kernels.mma_tf32 import mma_tf32_1688
+    rng = np.random.default_rng(11)
+    per_reg, mma = (1, mma_tf32_1688) if kind == "tf32_1688" else (2, mma_f16_16816)
+    k = 8 * per_reg
+    a = rng.integers(-64, 64, (16, k)) / 16.0
+    b = rng.integers(-64, 64, (k, 8)) / 8.0
+    c = (rng.integers(-64, 64, (16, 8)) / 4.0).astype(np.float32)
+    if per_reg == 1:
+        pack = lambda x: np.float32(x[0]).view(np.uint32)
+    else:
+        pack = lambda x: np.array(x, np.float16).view(np.uint32)[0]
+    regs = _float_mma_registers(a, b, per_reg, pack)
+    d = cuda.to_device(np.zeros((16, 8), np.float32))
+    _float_mma_kernel(mma)[1, 32](cuda.to_device(regs), cuda.to_device(c), d)
+    np.testing.assert_array_equal(d.copy_to_host(), (a @ b + c).astype(np.float32))

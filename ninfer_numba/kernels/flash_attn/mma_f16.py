@@ -56,35 +56,14 @@ def _make_intrinsics():
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
 
-_LANES = np.arange(32)
-_G = _LANES >> 2
-_T = _LANES & 3
-
-
 def _f16_pairs(words):
     """uint32 words -> [n, 2] float64 of the (low, high) f16 halves."""
     w = np.asarray([int(x) & 0xFFFFFFFF for x in words], np.uint32)
     return w.view(np.float16).reshape(-1, 2).astype(np.float64)
 
 
-def _mma_f16_from_fragments(frags):
-    """A @ B (float64 [16, 8]) from the 32 lanes' (a0, a1, a2, a3, b0, b1) in the layout of the docstring."""
-    f = np.array(frags, np.int64)
-    a = np.zeros((16, 16))
-    b = np.zeros((16, 8))
-    cols = 2 * _T[:, None] + np.arange(2)[None, :]              # [32, 2]: 2t, 2t+1
-    rows = _G[:, None]
-    a[rows, cols] = _f16_pairs(f[:, 0])
-    a[rows + 8, cols] = _f16_pairs(f[:, 1])
-    a[rows, cols + 8] = _f16_pairs(f[:, 2])
-    a[rows + 8, cols + 8] = _f16_pairs(f[:, 3])
-    b[cols, rows] = _f16_pairs(f[:, 4])
-    b[cols + 8, rows] = _f16_pairs(f[:, 5])
-    return a @ b
-
-
 def _make_fallbacks():
-    mma_f16_16816 = mma_sync_f32_twin(_mma_f16_from_fragments)
+    mma_f16_16816 = mma_sync_f32_twin(_f16_pairs, 2)
 
     @cuda.jit(device=True)
     def pack_f16x2(lo, hi):
