@@ -20,7 +20,7 @@
 #   STAGE=verify: every GPU test (`make test-gpu`, 8 processes); bench_gdn of this tree and, when .cache/ab_base
 #               holds another tree's ninfer_numba + benchmarks (carry it), of that tree in the same call; both
 #               engines on the 27b file (pp8192, pp2048, tg128); logs under $OUT/logs, packed as they finish
-#   STAGE=gdn_check: bench_gdn of .cache/ab_base if there; GDN GPU tests below 32K, bench_gdn (8K), error against the budget (T 64, 8K), then ncu
+#   STAGE=gdn_check: bench_gdn of .cache/ab_base if there; GDN GPU tests below 32K and the whole model's, bench_gdn (8K), error against the budget (T 64, 8K), then ncu
 #               stall reasons of the intra and state kernels at 9B / 8K; logs under $OUT/logs
 #   STAGE=gdn_final: bench_gdn of .cache/ab_base (9b) and of this tree (9b, 27b at 8K and 32K, stages), then
 #               every GPU test (8 processes); logs under $OUT/logs
@@ -191,9 +191,9 @@ verify)
   ;;
 gdn_check)
   bench_gdn_base
-  timeout 200 python3 -m pytest -q -n 6 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py -k "not T32768" \
-    -p no:cacheprovider > "$OUT/logs/test_gdn_gpu.log" 2>&1
-  say "GDN GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gdn_gpu.log")"
+  timeout 260 python3 -m pytest -q -n 10 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py \
+    tests/model/test_gpu_model.py -k "not T32768" -p no:cacheprovider > "$OUT/logs/test_gdn_gpu.log" 2>&1
+  say "GDN and whole-model GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gdn_gpu.log")"
   grep -E "^(FAILED|E  )" "$OUT/logs/test_gdn_gpu.log" | cut -c1-300 | head -20
   timeout 100 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages --prefill-lengths 8192 \
     --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
