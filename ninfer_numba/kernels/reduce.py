@@ -58,3 +58,16 @@ def block_sum2_pow2(s_a, s_b, tid, n):
     tb = s_b[0]
     cuda.syncthreads()
     return ta, tb
+
+
+@cuda.jit(device=True)
+def block_publish2(a, b, s_a, s_b):
+    """Thread tid's pair into s_a[tid], s_b[tid] between two barriers (the first: earlier readers of the
+    arrays are done), visible to the whole block on return; returns tid. The start of a block-wide reduction
+    or scan over two values."""
+    tid = cuda.threadIdx.x
+    cuda.syncthreads()
+    s_a[tid] = a
+    s_b[tid] = b
+    cuda.syncthreads()
+    return tid

@@ -20,6 +20,7 @@ import numpy as np
 from ninfer_numba.config import MAX_TOP_LOGPROBS
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.reduce import block_publish2
 from ninfer_numba.kernels.sample.device import _block_argmax, _better
 from ninfer_numba.kernels.sample.radix_select import G_MAX, ITEMS, TPB, _is_last_block
 
@@ -58,11 +59,7 @@ def _lse_add(m, s, x, sx):
 @cuda.jit(device=True)
 def _block_lse(m, s, s_m, s_s):
     """Every thread's pair combined over the block (returned to every thread)."""
-    tid = cuda.threadIdx.x
-    cuda.syncthreads()
-    s_m[tid] = m
-    s_s[tid] = s
-    cuda.syncthreads()
+    tid = block_publish2(m, s, s_m, s_s)
     h = TPB // 2
     while h > 0:
         if tid < h:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.reduce import block_publish2
 
 TPB = 32 if SIMULATOR else 256          # threads per block (the simulator runs ~6k threads/s)
 ITEMS = 32 if SIMULATOR else 4          # tokens per thread when sizing the grid
@@ -63,11 +64,7 @@ def _rank_key(bits, i):
 @cuda.jit(device=True)
 def _block_scan2(a, b, s_a, s_b):
     """Inclusive block-wide prefix sums of two int64 values (Hillis-Steele; s_*: shared [TPB] int64)."""
-    tid = cuda.threadIdx.x
-    cuda.syncthreads()
-    s_a[tid] = a
-    s_b[tid] = b
-    cuda.syncthreads()
+    tid = block_publish2(a, b, s_a, s_b)
     off = 1
     while off < TPB:
         ta = np.int64(0)
