@@ -6,8 +6,6 @@
 #               when carried and of this tree; decode_profile (9b and 27b, depth 0; 9b with --no-pdl where the
 #               tree has it);
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
-#   STAGE=branch_ab: the waiting branches' GPU tests, 27b GEMVs and 9b GDN prefill against .cache/ab_base,
-#               profiles (9b, 9b --no-pdl, 27b), both engines' tg128 on 9b and 27b
 #   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
@@ -57,38 +55,6 @@ decode_accept)
     --out $OUT/bench9" > "$OUT/logs/bench9.log" 2>&1
   say "9b decode, both engines (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench9.log"
   timeout $(( 575 - SECONDS > 30 ? 575 - SECONDS : 30 )) make bench PYTHON=python3 OFFLINE=1 \
-    BENCH_ARGS="--models 27b --tests tg128 --out $OUT/bench27" > "$OUT/logs/bench27.log" 2>&1
-  say "27b decode, both engines (exit $?)"; grep -E "^\| 27b" "$OUT/logs/bench27.log"
-  tar czf "$OUT/bench.tgz" -C "$OUT" bench9 bench27 2>/dev/null; rm -rf "$OUT/bench9" "$OUT/bench27"
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-branch_ab)
-  # the waiting decode and GDN branches against .cache/ab_base in one call: their GPU tests, the 27b GEMVs
-  # and the 9b GDN prefill of both trees, the profiles (9b with and without programmatic launches, 27b), both engines' tg128
-  start_builds "$OUT/logs"
-  timeout 170 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_quant_act.py tests/kernels/test_act_f16.py \
-    tests/kernels/test_gemv_q8.py $(ls tests/kernels/test_pdl.py 2>/dev/null) tests/kernels/test_gdn_decode.py \
-    tests/kernels/test_gdn_prefill.py tests/model -k "not T32768" -p no:cacheprovider --durations=8 \
-    > "$OUT/logs/test_gpu.log" 2>&1
-  say "GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gpu.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_gpu.log" | cut -c1-300 | head -20
-  for tree in .cache/ab_base .; do
-    [ -d "$tree/ninfer_numba" ] || continue
-    ( cd "$tree" && timeout 40 python3 -m benchmarks.kernels.bench_gemm --model 27b --only gemv
-      timeout 60 python3 -m benchmarks.kernels.bench_gdn --model 9b --only prefill,stages --prefill-lengths 8192
-    ) > "$OUT/logs/ab_$(basename "$tree").log" 2>&1
-    say "tree $tree:"; grep -E "gemv_q8|^9b" "$OUT/logs/ab_$(basename "$tree").log" | cut -c1-110
-  done
-  while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
-  profile 45 9b 0
-  if grep -q -- "--no-pdl" benchmarks/e2e/decode_profile.py; then profile 45 9b 0 --no-pdl; fi
-  wait $gen
-  profile 50 27b 0
-  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
-  timeout 80 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128 --out $OUT/bench9" \
-    > "$OUT/logs/bench9.log" 2>&1
-  say "9b decode, both engines (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench9.log"
-  timeout $(( 560 - SECONDS > 30 ? 560 - SECONDS : 30 )) make bench PYTHON=python3 OFFLINE=1 \
     BENCH_ARGS="--models 27b --tests tg128 --out $OUT/bench27" > "$OUT/logs/bench27.log" 2>&1
   say "27b decode, both engines (exit $?)"; grep -E "^\| 27b" "$OUT/logs/bench27.log"
   tar czf "$OUT/bench.tgz" -C "$OUT" bench9 bench27 2>/dev/null; rm -rf "$OUT/bench9" "$OUT/bench27"
