@@ -6,7 +6,7 @@
 #               when carried and of this tree; decode_profile (9b and 27b, depth 0; 9b with --no-pdl where the
 #               tree has it);
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
-#   STAGE=kvq_check: the coded caches' GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
+#   STAGE=kvq_check: the coded caches' and the f16 decode attention's GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
 #               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
@@ -63,8 +63,9 @@ decode_accept)
 kvq_check)
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  timeout 240 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
-    tests/model/test_kv_types.py -p no:cacheprovider > "$OUT/logs/test_kvq_gpu.log" 2>&1
+  timeout 240 python3 -m pytest -q -n 6 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/kernels/test_flash_attn_decode.py tests/model/test_kv_types.py -p no:cacheprovider \
+    > "$OUT/logs/test_kvq_gpu.log" 2>&1
   say "coded-cache GPU tests (exit $?): $(tail -1 "$OUT/logs/test_kvq_gpu.log")"
   grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_kvq_gpu.log" | cut -c1-300 | head -10
   timeout 90 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq --out "$OUT/logs/bench_attn.jsonl" \
