@@ -209,7 +209,8 @@ def cached_binary(build_dir: Path) -> Path | None:
 
 def build(src: Path, cache: Path = DEFAULT_CACHE, *, cuda_arch: str | None = "auto",
           jobs: int | None = None) -> Path:
-    """Configure and build only the llama-bench target; return the binary. A cached build is reused."""
+    """Configure and build the llama-bench and llama-batched-bench targets; return llama-bench. A cached build
+    is reused."""
     if cuda_arch == "auto":
         cuda_arch = detect_cuda_arch()
     build_dir, flags, key = build_dir_for(cache, src, cuda_arch)
@@ -224,8 +225,9 @@ def build(src: Path, cache: Path = DEFAULT_CACHE, *, cuda_arch: str | None = "au
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *flags],
                    check=True, stdout=sys.stderr)
-    subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-bench", "-j", str(jobs)],
-                   check=True, stdout=sys.stderr)
+    # llama-batched-bench too: the peer of the concurrency benchmark (benchmarks/e2e/concurrency.py)
+    subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-bench", "llama-batched-bench",
+                    "-j", str(jobs)], check=True, stdout=sys.stderr)
     seconds = time.perf_counter() - t0
     binary = build_dir / "bin" / "llama-bench"
     if not binary.is_file():

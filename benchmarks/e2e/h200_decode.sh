@@ -8,6 +8,8 @@
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=kvq_check: the coded caches' and the f16 decode attention's GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
+#   STAGE=concurrency: 1 to 32 streams at once through the server on a 9B file with the vocabulary, beside
+#               llama-batched-bench on the same file (benchmarks/e2e/concurrency.py; issue 17's gate)
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
 #               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
 #   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
@@ -133,6 +135,16 @@ serving_check)
   timeout $(left) python3 -m benchmarks.e2e.server_stream --model models/q35-9b-vocab.gguf --backend cuda \
     --out "$OUT/server_stream.json" > "$OUT/logs/server_stream.log" 2>&1
   say "server stream (exit $?):"; grep -v "^WARNING" "$OUT/logs/server_stream.log" | tail -6
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+concurrency)
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+  build=$!
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  timeout $(( 570 - SECONDS > 30 ? 570 - SECONDS : 30 )) python3 -m benchmarks.e2e.concurrency \
+    --model models/q35-9b-vocab.gguf --backend cuda --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
+  say "concurrency (exit $?):"; grep -v "^WARNING" "$OUT/logs/concurrency.log" | tail -10
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kvq_ncu)

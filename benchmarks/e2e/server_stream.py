@@ -28,7 +28,7 @@ WORDS = ("river stone cloud lantern orbit maple quiet signal harbor velvet coppe
          "garden silver window marble echo falcon cedar north amber canyon ribbon spark tide willow").split()
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -76,7 +76,7 @@ def run_server_side(a, log) -> dict:
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     try:
         t0 = time.perf_counter()
-        _wait_healthy(url, proc, a.startup_timeout)
+        wait_healthy(url, proc, a.startup_timeout)
         log(f"server healthy after {time.perf_counter() - t0:.1f} s")
         import openai
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)

@@ -1,0 +1,180 @@
+"""Concurrent streams through the server, beside llama.cpp's llama-batched-bench on the same file.
+
+    python -m benchmarks.e2e.concurrency --model M.gguf [--backend cuda] [--streams 1,2,4,8,16,32]
+        [--prompt-tokens 128] [--max-tokens 128] [--llama-batched-bench PATH | --no-llamacpp] [--out r.json]
+
+Ours: `ninfer serve` in a subprocess (server_stream.py's deployment shape); for each N, N clients send a
+streamed chat completion at once (a prompt of about --prompt-tokens tokens each, its own text, greedy,
+ignore_eos so each generates exactly --max-tokens). Per stream as its client sees it: decode t/s ((tokens -
+1) / (last delta - first delta)); aggregate: all generated tokens / the batch's wall time (first request
+sent to last stream done, prefills included) and decode aggregate (tokens after each stream's first / from
+the earliest first token to the last token).
+llama.cpp: llama-batched-bench -npp P -ntg M -npl 1,2,... (prompts not shared, full GPU offload, flash
+attention), its S_TG (B·TG / generation time) as the aggregate and S_TG / B per stream. The binary comes
+from the llama-bench build (`python -m benchmarks.llamacpp build` builds both).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.e2e.server_stream import WORDS, wait_healthy
+
+
+def stream_chat(url: str, model: str, text: str, max_tokens: int) -> dict:
+    """One streamed chat completion of exactly max_tokens tokens; client-side time stamps."""
+    import httpx
+    body = dict(model=model, messages=[{"role": "user", "content": text}], max_tokens=max_tokens,
+                temperature=0.0, ignore_eos=True, stream=True, stream_options={"include_usage": True})
+    t0, stamps, usage = time.perf_counter(), [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                delta = choice.get("delta", {})
+                if delta.get("content") or delta.get("reasoning_content"):
+                    stamps.append(time.perf_counter())
+    return {"start": t0, "first": stamps[0] if stamps else float("nan"), "last": stamps[-1] if stamps else t0,
+            "end": time.perf_counter(), "tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]}
+
+
+def run_batch(url: str, model: str, texts: list[str], max_tokens: int) -> dict:
+    """len(texts) streams at once: per-stream decode t/s and the batch's aggregates."""
+    results: list[dict | BaseException] = [None] * len(texts)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = stream_chat(url, model, texts[i], max_tokens)
+        except BaseException as e:                      # noqa: BLE001 (reported below, not swallowed)
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(texts)} streams failed: {errors[0]!r}")
+    per = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in results if r["tokens"] > 1 and r["last"] > r["first"]]
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    decode_span = max(r["last"] for r in results) - min(r["first"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {"streams": len(texts), "tokens": tokens, "prompt_tokens": [r["prompt_tokens"] for r in results],
+            "per_stream_tps": per, "median_stream_tps": statistics.median(per) if per else float("nan"),
+            "aggregate_tps": tokens / wall,
+            "decode_aggregate_tps": (tokens - len(results)) / decode_span if decode_span > 0 else float("nan"),
+            "wall_s": wall}
+
+
+def ours(a, log) -> list[dict]:
+    url = f"http://127.0.0.1:{a.port}"
+    streams = [int(x) for x in a.streams.split(",")]
+    cmd = [sys.executable, "-m", "ninfer_numba", "serve", "--model", a.model, "--backend", a.backend, "--port",
+           str(a.port), "--max-seq", str(a.prompt_tokens + a.max_tokens + 256), "--max-queue", str(max(streams) + 8)]
+    log("starting: " + " ".join(cmd))
+    proc = subprocess.Popen(cmd)
+    try:
+        wait_healthy(url, proc, a.startup_timeout)
+        import httpx
+        model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        rng = np.random.default_rng(0)
+        words = max(1, round(a.prompt_tokens * 0.75))          # about a token per word and a bit
+        text = lambda: " ".join(rng.choice(WORDS, words))      # noqa: E731
+        run_batch(url, model, [text()], 4)                     # warm-up: compile, capture, first request
+        rows = []
+        for n in streams:
+            row = run_batch(url, model, [text() for _ in range(n)], a.max_tokens)
+            log(f"ours, {n} streams: aggregate {row['aggregate_tps']:.1f} t/s (decode "
+                f"{row['decode_aggregate_tps']:.1f}), median stream {row['median_stream_tps']:.1f} t/s")
+            rows.append(row)
+        return rows
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def llama_batched(binary: Path, a, log) -> list[dict]:
+    """llama-batched-bench's rows (JSONL), one per number of parallel sequences."""
+    streams = [int(x) for x in a.streams.split(",")]
+    ctx = max(streams) * (a.prompt_tokens + a.max_tokens) + 64
+    cmd = [str(binary), "-m", a.model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-ngl", "99", "-fa", "on",
+           "-npp", str(a.prompt_tokens), "-ntg", str(a.max_tokens), "-npl", a.streams, "--output-format", "jsonl"]
+    log("running: " + " ".join(cmd))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.llama_timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-batched-bench exited {out.returncode}: {out.stderr[-400:]}")
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [{"streams": r["pl"], "aggregate_tps": r["speed_tg"], "per_stream_tps": r["speed_tg"] / r["pl"],
+             "prompt_tps": r["speed_pp"], "raw": r} for r in rows]
+
+
+def find_batched_bench(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    from benchmarks.llamacpp import find_llama_bench
+    bench = find_llama_bench()
+    candidate = bench.parent / "llama-batched-bench" if bench else None
+    return candidate if candidate is not None and candidate.is_file() else None
+
+
+def table(ours_rows: list[dict], llama_rows: list[dict]) -> str:
+    by_n = {r["streams"]: r for r in llama_rows}
+    one = ours_rows[0]["median_stream_tps"] if ours_rows and ours_rows[0]["streams"] == 1 else float("nan")
+    lines = ["| streams | ours aggregate t/s | ours per stream t/s | per stream / alone | llama.cpp S_TG t/s | "
+             "llama.cpp per stream t/s |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in ours_rows:
+        ll = by_n.get(r["streams"])
+        lines.append(f"| {r['streams']} | {r['aggregate_tps']:.1f} | {r['median_stream_tps']:.1f} | "
+                     f"{r['median_stream_tps'] / one:.2f} | {ll['aggregate_tps'] if ll else float('nan'):.1f} | "
+                     f"{ll['per_stream_tps'] if ll else float('nan'):.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--streams", default="1,2,4,8,16,32")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--startup-timeout", type=float, default=600)
+    ap.add_argument("--llama-batched-bench", default=None, help="the binary (default: beside the cached llama-bench)")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--llama-timeout", type=float, default=600)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)      # noqa: E731
+    report = {"model": a.model, "backend": a.backend, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
+              "ours": ours(a, log), "llamacpp": []}
+    if not a.no_llamacpp:
+        binary = find_batched_bench(a.llama_batched_bench)
+        if binary is None:
+            log("llama-batched-bench not found (python -m benchmarks.llamacpp build makes it): llama.cpp skipped")
+        else:
+            report["llamacpp"] = llama_batched(binary, a, log)
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1))
+    print(table(report["ours"], report["llamacpp"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

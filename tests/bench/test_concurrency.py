@@ -1,0 +1,36 @@
+"""benchmarks/e2e/concurrency.py on the tiny model (CPU server in a subprocess): N streams at once each get
+exactly --max-tokens tokens, and the report and table carry every N."""
+import json
+import socket
+
+from benchmarks.e2e.concurrency import main, table
+from ninfer_numba.synth import write_synthetic_gguf
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_streams_at_once_on_the_tiny_model(tmp_path, capsys):
+    model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny", seed=0)
+    out = tmp_path / "r.json"
+    assert main(["--model", str(model), "--backend", "cpu", "--streams", "1,3", "--prompt-tokens", "24",
+                 "--max-tokens", "5", "--port", str(_free_port()), "--no-llamacpp", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["streams"] for r in report["ours"]] == [1, 3]
+    for r in report["ours"]:
+        assert r["tokens"] == 5 * r["streams"] and len(r["per_stream_tps"]) == r["streams"]
+        assert r["aggregate_tps"] > 0 and r["wall_s"] > 0
+    printed = capsys.readouterr().out
+    assert "| 1 |" in printed and "| 3 |" in printed
+
+
+def test_table_beside_llamacpp_rows():
+    ours = [{"streams": 1, "aggregate_tps": 100.0, "median_stream_tps": 100.0},
+            {"streams": 4, "aggregate_tps": 360.0, "median_stream_tps": 90.0}]
+    llama = [{"streams": 4, "aggregate_tps": 300.0, "per_stream_tps": 75.0}]
+    lines = table(ours, llama).splitlines()
+    assert lines[2].startswith("| 1 | 100.0 | 100.0 | 1.00 | nan")
+    assert lines[3] == "| 4 | 360.0 | 90.0 | 0.90 | 300.0 | 75.0 |"
