@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.e2e.server_stream import WORDS, wait_healthy
+from benchmarks.e2e.server_stream import WORDS, chat_deltas, running_server
 
 
 def stream_chat(url: str, model: str, text: str, max_tokens: int) -> dict:
@@ -34,19 +34,10 @@ def stream_chat(url: str, model: str, text: str, max_tokens: int) -> dict:
     import httpx
     body = dict(model=model, messages=[{"role": "user", "content": text}], max_tokens=max_tokens,
                 temperature=0.0, ignore_eos=True, stream=True, stream_options={"include_usage": True})
-    t0, stamps, usage = time.perf_counter(), [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: "):])
-            usage = event.get("usage") or usage
-            for choice in event.get("choices", []):
-                delta = choice.get("delta", {})
-                if delta.get("content") or delta.get("reasoning_content"):
-                    stamps.append(time.perf_counter())
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=3600) as http:
+        deltas, usage = chat_deltas(http, body)
+    stamps = [t for t, d in deltas if d.get("content") or d.get("reasoning_content")]
     return {"start": t0, "first": stamps[0] if stamps else float("nan"), "last": stamps[-1] if stamps else t0,
             "end": time.perf_counter(), "tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]}
 
@@ -85,10 +76,7 @@ def ours(a, log) -> list[dict]:
     streams = [int(x) for x in a.streams.split(",")]
     cmd = [sys.executable, "-m", "ninfer_numba", "serve", "--model", a.model, "--backend", a.backend, "--port",
            str(a.port), "--max-seq", str(a.prompt_tokens + a.max_tokens + 256), "--max-queue", str(max(streams) + 8)]
-    log("starting: " + " ".join(cmd))
-    proc = subprocess.Popen(cmd)
-    try:
-        wait_healthy(url, proc, a.startup_timeout)
+    with running_server(cmd, url, a.startup_timeout, log):
         import httpx
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         rng = np.random.default_rng(0)
@@ -102,12 +90,6 @@ def ours(a, log) -> list[dict]:
                 f"{row['decode_aggregate_tps']:.1f}), median stream {row['median_stream_tps']:.1f} t/s")
             rows.append(row)
         return rows
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def llama_batched(binary: Path, a, log) -> list[dict]:

@@ -15,10 +15,11 @@ CPU with --history 600 (the mechanism, not the timing).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.e2e.server_stream import chat_deltas
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
 
@@ -33,21 +34,11 @@ def ask(http, model: str, messages: list[dict], max_tokens: int) -> dict:
     """One streamed chat request: seconds to the first generated text, the text, the usage."""
     body = dict(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
                 stream_options={"include_usage": True})
-    t0, first, parts, usage = time.perf_counter(), None, [], None
-    with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: "):])
-            usage = event.get("usage") or usage
-            for choice in event.get("choices", []):
-                delta = choice.get("delta", {})
-                piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
-                if piece and first is None:
-                    first = time.perf_counter() - t0
-                parts.append(delta.get("content") or "")
+    t0 = time.perf_counter()
+    deltas, usage = chat_deltas(http, body)
+    pieces = [(t, d) for t, d in deltas if d.get("content") or d.get("reasoning_content")]
+    first = pieces[0][0] - t0 if pieces else None
+    parts = [d.get("content") or "" for _, d in deltas]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"ttft": first if first is not None else time.perf_counter() - t0, "text": "".join(parts),
             "prompt": usage["prompt_tokens"], "cached": cached}

@@ -14,6 +14,7 @@ stopped and the same file is loaded in this process to time the engine's own tg1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,6 +42,40 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"the server did not become healthy in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], url: str, startup_timeout: float, log):
+    """`ninfer serve` (cmd) in a subprocess, healthy on entry, stopped on exit (terminate, then kill)."""
+    log("starting: " + " ".join(cmd))
+    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    try:
+        t0 = time.perf_counter()
+        wait_healthy(url, proc, startup_timeout)
+        log(f"server healthy after {time.perf_counter() - t0:.1f} s")
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def chat_deltas(http, body: dict) -> tuple[list[tuple[float, dict]], dict]:
+    """A streamed chat completion (body with stream and stream_options.include_usage) through an httpx-style
+    client whose base is the server: each choice's delta with its arrival time, and the usage."""
+    deltas, usage = [], None
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            usage = event.get("usage") or usage
+            deltas += [(time.perf_counter(), c.get("delta", {})) for c in event.get("choices", [])]
+    return deltas, usage
 
 
 def _text(n_words: int, rng: np.random.Generator) -> str:
@@ -72,12 +107,7 @@ def run_server_side(a, log) -> dict:
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "ninfer_numba", "serve", "--model", a.model, "--backend", a.backend,
            "--port", str(port), "--max-seq", str(a.prompt_tokens + a.max_tokens + 512)]
-    log("starting: " + " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=dict(os.environ))
-    try:
-        t0 = time.perf_counter()
-        wait_healthy(url, proc, a.startup_timeout)
-        log(f"server healthy after {time.perf_counter() - t0:.1f} s")
+    with running_server(cmd, url, a.startup_timeout, log):
         import openai
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
@@ -98,12 +128,6 @@ def run_server_side(a, log) -> dict:
                          "median_decode_tps": statistics.median(r["decode_tps"] for r in runs),
                          "prompt_tokens": runs[0]["prompt_tokens"]}
         return out
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def main(argv=None) -> int:
