@@ -26,7 +26,8 @@ from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
 from ninfer_numba.kernels.sample.device import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
 from ninfer_numba.kernels.sample.logprobs import REC_LEN, LogprobWorkspace, record_to_host, token_logprobs
 from ninfer_numba.model.gpu_weights import GpuWeights
-from ninfer_numba.model.qwen35 import Qwen35Gpu, SequenceState
+from ninfer_numba.engine.cache import SequenceState
+from ninfer_numba.model.qwen35 import Qwen35Gpu
 from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.pdl import programmatic_launches

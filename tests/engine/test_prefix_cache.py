@@ -125,7 +125,7 @@ def test_cuda_snapshot_copies_rows_below_the_position_and_the_states(tmp_path):
     with the position (device and host)."""
     from ninfer_numba.engine.cuda_runner import CudaSnapshot
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-    from ninfer_numba.model.qwen35 import SequenceState
+    from ninfer_numba.engine.cache import SequenceState
     from ninfer_numba.model.weights import open_model
     from tests.gguf_factory import tensors_for, write_gguf
     from tests.model.test_gpu_model import SPEC
