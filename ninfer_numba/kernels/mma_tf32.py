@@ -31,8 +31,8 @@ import numpy as np
 from numba import types, uint32
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import (i32_as_f32, ldmatrix_x4, mma_sync_f32_intrinsic, mma_sync_f32_twin,
-                                     pair_asm_intrinsic)
+from ninfer_numba.kernels.ptx import i32_as_f32, ldmatrix_x4, mma_sync_f32_intrinsic, pair_asm_intrinsic
+from ninfer_numba.kernels.ptx_sim import mma_sync_f32_twin
 
 
 

@@ -48,8 +48,8 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import (_element_address, _host_view, _warp_collective, shared_address,
-                                      void_intrinsic)
+from ninfer_numba.kernels.ptx import _element_address, shared_address, void_intrinsic
+from ninfer_numba.kernels.ptx_sim import _host_view, _warp_collective
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)

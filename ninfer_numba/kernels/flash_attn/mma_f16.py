@@ -28,7 +28,8 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic, mma_sync_f32_twin
+from ninfer_numba.kernels.ptx import mma_sync_f32_intrinsic
+from ninfer_numba.kernels.ptx_sim import mma_sync_f32_twin
 
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
