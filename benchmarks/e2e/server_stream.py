@@ -29,7 +29,7 @@ WORDS = ("river stone cloud lantern orbit maple quiet signal harbor velvet coppe
          "garden silver window marble echo falcon cedar north amber canyon ribbon spark tide willow").split()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -51,7 +51,7 @@ def running_server(cmd: list[str], url: str, startup_timeout: float, log):
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     try:
         t0 = time.perf_counter()
-        wait_healthy(url, proc, startup_timeout)
+        _wait_healthy(url, proc, startup_timeout)
         log(f"server healthy after {time.perf_counter() - t0:.1f} s")
         yield proc
     finally:

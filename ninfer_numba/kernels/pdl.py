@@ -5,9 +5,8 @@ A decode step is ~300 small dependent kernels; each one's launch and block sched
 only when the one before it has drained (1.2 µs for the smallest in benchmarks/e2e/decode_profile.py).
 
 Contract. A kernel compiled with ``cached_jit(pdl=True)`` calls ``griddep_wait()`` (kernels/ptx.py, as every
-inline PTX) before it touches any
-global memory (it returns once every grid this one depends on has completed and its writes are visible),
-then ``griddep_launch_dependents()`` (the next kernel may now be scheduled; its own wait still holds it
+inline PTX) before it touches any global memory (it returns once every grid this one depends on has
+completed and its writes are visible), then ``griddep_launch_dependents()`` (the next kernel may now be scheduled; its own wait still holds it
 until this grid completes). Both are no-ops when the launch was not programmatic, on GPUs before sm_90 and
 in the simulator. Only launches of such kernels made inside ``programmatic_launches()`` get the launch
 attribute (``programmatic_stream_serialization``, which stream capture turns into programmatic graph
