@@ -32,10 +32,8 @@ prefill): at most 0.011 levels at every quantization point but the attention out
 kernel's float16 probabilities reach 0.09; one element of 455M at 0.6 (a GDN output).
 results/2026-12-01_nvidia-h200_checks/ has the runs.
 
-    acts, logits, tokens = gpu_activations(runner, ids, n_gen)
-    ref = ReferenceModel(weights, emulate_int8=True)
-    follower = TieFollower(acts, n_layer); ref.act_hook = follower
-    ref_logits = ref.forward(ids + tokens, ref.new_state(len(ids) + n_gen))   # [P + n_gen, V]
+    acts, logits, tokens, pieces = gpu_activations(runner, ids, n_gen)
+    ref_logits, follower = follow_in_pieces(weights, acts, ids + tokens, pieces)   # [P + n_gen, V]
     follower.report()
 """
 from __future__ import annotations
@@ -44,7 +42,7 @@ import numpy as np
 
 from ninfer_numba.kernels.q8.ref import QK, from_fragment_order, quantize_q8_blocks_ref
 from benchmarks.e2e.layer_check import tapped_run
-from ninfer_numba.model.reference import dequantize_activation
+from ninfer_numba.model.reference import ReferenceModel, dequantize_activation
 
 POINTS = ("mixer_in", "mixer_out", "ffn_in", "down_in")   # per layer, in the order the matmuls run
 EXCESS_BINS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)            # report: one-level elements with excess <= each
@@ -68,9 +66,24 @@ def gpu_activations(runner, ids: list[int], n_gen: int):
             rec = (host, np.zeros((t, k), np.float16), np.zeros(t, bool))
         parts.setdefault((i, point), []).append(rec)
 
-    logits, toks, _ = tapped_run(runner, ids, n_gen, all_rows=True, act_tap=act_tap)
+    logits, toks, rows = tapped_run(runner, ids, n_gen, all_rows=True, act_tap=act_tap)
     acts = {key: tuple(np.concatenate([r[j] for r in v]) for j in range(3)) for key, v in parts.items()}
-    return acts, logits, toks
+    return acts, logits, toks, rows["pieces"]
+
+
+def follow_in_pieces(weights, acts: dict, seq: list[int], pieces: list[int]):
+    """The int8-emulating reference with a TieFollower of acts, run over seq in the GPU's own forward calls
+    (``pieces``: their lengths, from gpu_activations), so that every kernel's precision is emulated at the
+    same rows (the GDN prefill's float16 operands per call, the decode step's float32). Returns the logits
+    [len(seq), V] and the follower."""
+    if sum(pieces) != len(seq):
+        raise ValueError(f"pieces {pieces} do not add up to the sequence's {len(seq)} tokens")
+    ref = ReferenceModel(weights, emulate_int8=True)
+    ref.act_hook = follower = TieFollower(acts, weights.config.n_layer)
+    st = ref.new_state(len(seq))
+    ends = np.cumsum(pieces)
+    logits = np.concatenate([ref.forward(seq[e - n:e], st) for n, e in zip(pieces, ends)])
+    return logits, follower
 
 
 def _f16_order(h16: np.ndarray) -> np.ndarray:
@@ -80,26 +93,29 @@ def _f16_order(h16: np.ndarray) -> np.ndarray:
 
 
 class TieFollower:
-    """ReferenceModel.act_hook: called with each activation the reference feeds a matmul, in order."""
+    """ReferenceModel.act_hook: called with each activation the reference feeds a matmul, in order. The
+    reference may run the sequence in one forward call or in the GPU's own pieces (prefill chunks, then one
+    token per step): each point's rows are taken in order."""
 
     def __init__(self, acts: dict, n_layer: int) -> None:
         self.acts = acts
         self.order = [(i, p) for i in range(n_layer) for p in POINTS] + [(n_layer, "head")]
         self.calls = 0
+        self.row0 = {key: 0 for key in self.order}       # the next row of each point's record
         self.stats: list[dict] = []
 
     def __call__(self, h: np.ndarray, f16_rows=None):
         """h [T, K] float32 the reference's activation -> (the activation to multiply, float32 [T, K]; the
         rows the GPU ran through the W8A16 GEMM, bool [T]). f16_rows (the reference's own guess) is not used:
         the GPU's record says which rows were W8A16."""
-        if self.calls >= len(self.order):
-            raise RuntimeError("more quantized activations than the GPU run recorded")
-        key = self.order[self.calls]
+        key = self.order[self.calls % len(self.order)]
         self.calls += 1
-        gq, gh, g16 = self.acts[key]
-        if gq.shape != h.shape:
-            raise ValueError(f"{key}: GPU activation {gq.shape} against the reference's {h.shape}")
+        r0 = self.row0[key]
         t, k = h.shape
+        gq, gh, g16 = (a[r0:r0 + t] for a in self.acts[key])
+        if gq.shape != h.shape:
+            raise ValueError(f"{key}: GPU activation rows {r0}.. {gq.shape} against the reference's {h.shape}")
+        self.row0[key] = r0 + t
         a = np.empty((t, k), np.float32)
         stat = {"layer": key[0], "point": key[1], "elements": 0, "ties": 0, "loose_ties": 0, "disagreements": 0,
                 "max_excess": 0.0, "excess_at_most": [0] * len(EXCESS_BINS),
@@ -155,8 +171,9 @@ class TieFollower:
         TIE_BOUND (loose_ties), disagreements (those, two levels or more, and float16 ones), the largest
         one-level excess and how many one-level elements had an excess of at most each EXCESS_BINS; the
         float16 rows' own counts under f16_* (module docstring)."""
-        if self.calls != len(self.order):
-            raise RuntimeError(f"the reference quantized {self.calls} activations, the GPU {len(self.order)}")
+        left = {key: len(self.acts[key][0]) - r0 for key, r0 in self.row0.items() if r0 != len(self.acts[key][0])}
+        if self.calls % len(self.order) or left:
+            raise RuntimeError(f"the reference stopped inside a forward call or left GPU rows unread: {left}")
         total = lambda name: sum(s[name] for s in self.stats)   # noqa: E731
         return {"points": len(self.stats), "excess_bins": list(EXCESS_BINS),
                 "excess_at_most": [sum(s["excess_at_most"][k] for s in self.stats) for k in range(len(EXCESS_BINS))],

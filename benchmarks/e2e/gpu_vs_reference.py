@@ -42,13 +42,10 @@ def _compare(gpu: np.ndarray, ref: np.ndarray) -> dict:
 
 def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int]) -> dict:
     """The tapped GPU run against the tie-following int8 reference, every position."""
-    from benchmarks.e2e.act_follow import TieFollower, gpu_activations
-    from ninfer_numba.model.reference import ReferenceModel
+    from benchmarks.e2e.act_follow import follow_in_pieces, gpu_activations
     t1 = time.perf_counter()
-    acts, gpu, toks = gpu_activations(llm.runner, ids, n_gen)                # gpu: [P + n_gen, V]
-    ref = ReferenceModel(llm.weights, emulate_int8=True)
-    ref.act_hook = follower = TieFollower(acts, llm.config.n_layer)
-    ref_logits = ref.forward(ids + toks, ref.new_state(len(ids) + n_gen))
+    acts, gpu, toks, pieces = gpu_activations(llm.runner, ids, n_gen)        # gpu: [P + n_gen, V]
+    ref_logits, follower = follow_in_pieces(llm.weights, acts, ids + toks, pieces)
     p = len(ids)
     ref_greedy = ref_logits[p - 1:p + n_gen - 1].argmax(-1).tolist()
     return {"all": _compare(gpu, ref_logits), "prefill": _compare(gpu[:p], ref_logits[:p]),

@@ -20,8 +20,9 @@
 #   STAGE=verify: every GPU test (`make test-gpu`, 8 processes); bench_gdn of this tree and, when .cache/ab_base
 #               holds another tree's ninfer_numba + benchmarks (carry it), of that tree in the same call; both
 #               engines on the 27b file (pp8192, pp2048, tg128); logs under $OUT/logs, packed as they finish
-#   STAGE=gdn_check: bench_gdn of .cache/ab_base if there; GDN GPU tests below 32K and the whole model's, bench_gdn (8K), error against the budget (T 64, 8K), then ncu
-#               stall reasons of the intra and state kernels at 9B / 8K; logs under $OUT/logs
+#   STAGE=gdn_check: bench_gdn of .cache/ab_base if there, then of this tree (8K and 32K); GDN GPU tests below
+#               32K, the whole model's and CHECK_TESTS; error against the budget (T 64, 8K); ncu stall reasons of
+#               NCU_KERNELS (e.g. "chunk_state_f16 chunk_intra_mma") at 9B / 8K; logs under $OUT/logs
 #   STAGE=gdn_final: bench_gdn of .cache/ab_base (9b) and of this tree (9b, 27b at 8K and 32K, stages), then
 #               every GPU test (8 processes); logs under $OUT/logs
 #   STAGE=gdn_e2e: llama.cpp build and the 9b file in the background; whole-model GPU tests and the GDN GPU
@@ -191,16 +192,17 @@ verify)
   ;;
 gdn_check)
   bench_gdn_base
-  timeout 260 python3 -m pytest -q -n 10 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py \
-    $(ls tests/kernels/test_gdn_conv.py 2>/dev/null) tests/model/test_gpu_model.py -k "not T32768" -p no:cacheprovider > "$OUT/logs/test_gdn_gpu.log" 2>&1
-  say "GDN and whole-model GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gdn_gpu.log")"
-  grep -E "^(FAILED|E  )" "$OUT/logs/test_gdn_gpu.log" | cut -c1-300 | head -20
-  timeout 100 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages --prefill-lengths 8192 \
+  timeout 150 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only prefill,stages --prefill-lengths 8192,32768 \
     --out "$OUT/logs/bench_gdn.jsonl" > "$OUT/logs/bench_gdn.log" 2>&1
-  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -12
+  say "bench_gdn (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn.log" | tail -20
+  timeout 300 python3 -m pytest -q -n 12 -m "gpu or cudasim" tests/kernels/test_gdn_prefill.py \
+    tests/model/test_gpu_model.py ${CHECK_TESTS:-} -k "not T32768" -p no:cacheprovider --durations=6 \
+    > "$OUT/logs/test_gdn_gpu.log" 2>&1
+  say "GDN, whole-model and CHECK_TESTS GPU tests (exit $?): $(tail -1 "$OUT/logs/test_gdn_gpu.log")"
+  grep -E "^(FAILED|E  )" "$OUT/logs/test_gdn_gpu.log" | cut -c1-300 | head -20
   timeout 100 python3 -m benchmarks.kernels.gdn_error_margin --shapes 9B,27B --T 64,8192 > "$OUT/logs/gdn_error.log" 2>&1
   say "GDN error against the budget (exit $?):"; grep "rel RMS" "$OUT/logs/gdn_error.log"
-  for k in chunk_intra_mma chunk_state_mma; do
+  for k in ${NCU_KERNELS:-}; do                   # e.g. NCU_KERNELS="chunk_state_f16 chunk_intra_mma"
     timeout 120 ncu --clock-control none -k "regex:$k" -c 1 --section SpeedOfLight --section WarpStateStats \
       --section SchedulerStats --section Occupancy --section InstructionStats \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
@@ -273,7 +275,7 @@ gdn_stalls|stalls_kv)
     python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
     genv=$!
   fi
-  for k in ${GDN_KERNELS:-chunk_state_mma chunk_intra_mma}; do
+  for k in ${GDN_KERNELS:-chunk_state_f16 chunk_intra_mma}; do
     timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes \
       -o "$OUT/logs/$k" python3 -m benchmarks.kernels.bench_gdn --model 9b --only stages > "$OUT/logs/ncu_$k.log" 2>&1
     say "ncu report $k (exit $?)"

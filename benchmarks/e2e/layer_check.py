@@ -29,7 +29,7 @@ def tapped_run(runner, ids: list[int], n_gen: int, *, all_rows: bool = False,
     """Prompt (prefill kernels) then n_gen greedy tokens (decode kernels, launched eagerly), with the taps
     of model/qwen35.py forward (tap, act_tap). Returns logits [n_gen + 1, V] (after the prompt, then after
     each decode step; with all_rows [len(ids) + n_gen, V], every prompt position), the greedy tokens and the
-    W8A16 rows (module docstring)."""
+    W8A16 rows (module docstring) with the lengths of the forward calls the GPU ran ("pieces")."""
     model, s = runner.model, runner.stream
     runner.reset()
     rows: list[np.ndarray] = []
@@ -40,21 +40,24 @@ def tapped_run(runner, ids: list[int], n_gen: int, *, all_rows: bool = False,
         rows.append(model.logits[:n].copy_to_host(stream=s))
         s.synchronize()
 
-    def run(part: list[int], every_row: bool) -> None:
-        for n in runner.run_tapped(part, on_chunk=keep if every_row else None, **taps):
+    def run(part: list[int], every_row: bool) -> list[int]:
+        chunks = runner.run_tapped(part, on_chunk=keep if every_row else None, **taps)
+        for n in chunks:
             f16 = model.uses_f16_activations(n)
             layer_f16.extend([f16] * n)
             head_f16.extend([f16] * n if every_row else [])
         if not every_row:
             keep(1)
             head_f16.append(False)            # one logits row: the decode path's GEMV
+        return list(chunks)
 
-    run(ids, all_rows)
+    pieces = run(ids, all_rows)
     toks: list[int] = []
     for _ in range(n_gen):
         toks.append(int(np.argmax(rows[-1][-1])))
-        run([toks[-1]], False)
-    return np.concatenate(rows), toks, {"layers": np.array(layer_f16), "head": np.array(head_f16)}
+        pieces += run([toks[-1]], False)
+    return np.concatenate(rows), toks, {"layers": np.array(layer_f16), "head": np.array(head_f16),
+                                        "pieces": pieces}
 
 
 def gpu_residual_streams(runner, ids: list[int], n_gen: int) -> tuple[list[np.ndarray], np.ndarray, list[int], dict]:

@@ -10,7 +10,7 @@ prefill: the whole gdn_prefill (conv, norms, chunked recurrence, gated norm) at 
          Then, at each length, the mixer through to the out-projection's float16 activation two ways:
          gdn_prefill + to_f16 (the norm in the mixer) and gdn_prefill(normalize=False) + gated_rmsnorm_f16
          (the norm fused into the conversion: what the model runs).
-stages:  each prefill kernel alone at T = 8192.
+stages:  each prefill kernel alone at T = 8192 (the state pass at value tiles of 32 and 64 columns).
 Writes nothing unless --out is given (one JSON object per row, appended).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ninfer_numba.kernels.gdn import chunk as gdn_chunk
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
-from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
+from ninfer_numba.kernels.gdn.chunk_state_f16 import launch_chunk_state_f16
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
@@ -126,9 +126,10 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
         "conv_silu+shift": lambda s: conv_silu_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], ws.u,
                                                        C, s),
         "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items, S), rows_tpb, s](
-            inp["proj"], ws.u, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
+            inp["proj"], ws.u, ws.qk16, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
         "chunk_intra_mma": lambda s: launch_chunk_intra_mma(ws, T, s),
-        "chunk_state_mma": lambda s: launch_chunk_state_mma(ws, inp["state"], y, T, s),
+        "chunk_state_f16 BV=32": lambda s: launch_chunk_state_f16(ws, inp["state"], y, T, s, bv=32),
+        "chunk_state_f16 BV=64": lambda s: launch_chunk_state_f16(ws, inp["state"], y, T, s, bv=64),
         "gated_norm": lambda s: gdn_chunk._gated_norm_kernel(S, Hk, Hv)[
             gdn_chunk._row_blocks(T * Hv, S), rows_tpb, s](inp["proj"], inp["norm_w"], y, T, EPS),
     }

@@ -2,8 +2,8 @@
 
     python -m benchmarks.kernels.gdn_error_margin [--shapes 9B,27B] [--T 64,1023,8192]
 
-Prints one line per (shape, T, output): error, budget (tests/kernels/gdn_cases.rel_budget) and their ratio:
-how much of the float32-derived budget the kernels use. Needs a GPU.
+Prints one line per (shape, T, output): error, budget (tests/kernels/gdn_cases.rel_budget_f16) and their ratio:
+how much of the budget (float16 operands in the state pass, float32 elsewhere) the kernels use. Needs a GPU.
 """
 import argparse
 import sys
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
-from gdn_cases import SHAPES_GPU, make_inputs, mixer_reference, rel_budget, to_device  # noqa: E402
+from gdn_cases import SHAPES_GPU, make_inputs, mixer_reference, rel_budget_f16, to_device  # noqa: E402
 
 from ninfer_numba.kernels.gdn.chunk import gdn_prefill  # noqa: E402
 from ninfer_numba.kernels.numba_env import cuda  # noqa: E402
@@ -36,7 +36,7 @@ def main(argv=None) -> None:
             gdn_prefill(cuda.to_device(inp["proj"]), dev["conv_w"], dev["conv_state"], dev["ssm_a"],
                         dev["dt_bias"], dev["norm_w"], dev["state"], y, Hk, 1e-6)
             y_ref, _, state_ref = mixer_reference(inp, Hk, Hv, S)
-            budget = rel_budget(S, T)
+            budget = rel_budget_f16(S, T)
             for name, out, want in (("y", y.copy_to_host(), y_ref), ("state", dev["state"].copy_to_host(),
                                                                     state_ref)):
                 err = rel_err(out, want)

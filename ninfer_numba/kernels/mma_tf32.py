@@ -8,14 +8,13 @@
   ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``, D = A·B + C; a*/b* are tf32 bit patterns
   (uint32), c* and the returned (d0, d1, d2, d3) float32. Products of two tf32 values are exact in float32.
 - ``make_mma3_tiles(n)``: A·B to about float32 accuracy for n n8 tiles as hi·hi + hi·lo + lo·hi (the lo·lo
-  term, below 2^-20 relative, is dropped); ``make_a_split_ldmatrix(stride)`` and ``make_b_ldmatrix(stride, n)``:
-  split A fragments and pre-split B fragments from shared memory by ``ldmatrix.x4``.
+  term, below 2^-20 relative, is dropped); ``make_a_split_ldmatrix(stride)``: split A fragments from shared
+  memory by ``ldmatrix.x4``.
 
-Why 3xTF32 and not f16: the GDN prefill is tested against float64 within a budget derived from float32
-rounding (tests/kernels/gdn_cases.py, ~(S + 64)·2^-24 per chunk). A single f16 or tf32 rounding of the
-operands is 2^-11 relative, fifteen times that budget at the simulator's shapes; the split keeps every
-product within a few float32 ulps at three times the tensor-core work, which is still a small fraction of
-what the serial CUDA-core loop it replaces spent.
+Used by the GDN intra-chunk solve (K Kᵀ, Q Kᵀ, the triangular inverse, W and U): the inverse of I + A
+amplifies operand rounding, so those products keep float32 accuracy at three times the tensor-core work.
+The state pass multiplies float16 operands instead (gdn/chunk_state_f16.py, its budget in
+tests/kernels/gdn_cases.rel_budget_f16).
 
 Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8" with .tf32; g = lane >> 2, t = lane & 3):
 
@@ -121,26 +120,3 @@ def make_a_split_ldmatrix(stride: int):
         return h0, h1, h2, h3, l0, l1, l2, l3
 
     return load_a_ldmatrix
-
-
-def make_b_ldmatrix(stride: int, n_tiles: int):
-    """Device function ``load(smem_u, hi_off, lo_off, row0, k0, bfr)``: bfr[4nt : 4nt+4] = (hi0, hi1, lo0, lo1),
-    the B fragments of n8 tiles nt < n_tiles from a pair of tf32 planes stored TRANSPOSED: row n (an output
-    column) holds B[k, n] along k, row stride ``stride``; tile nt is rows row0 + 8nt.., k-step columns
-    k0..k0+7. One ``ldmatrix.x4`` per plane covers two tiles (b0 from columns k0..k0+3, b1 from k0+4..);
-    with one tile its second half re-reads the first. Every lane of the warp must call it."""
-    pairs = max(1, n_tiles // 2)
-
-    @cuda.jit(device=True, inline=True)
-    def load_b_ldmatrix(smem_u, hi_off, lo_off, row0, k0, bfr):
-        lane = cuda.threadIdx.x & 31
-        half = (lane >> 4) if n_tiles > 1 else 0
-        for pr in range(pairs):
-            p = (row0 + 8 * (2 * pr + half) + (lane & 7)) * stride + k0 + 4 * ((lane >> 3) & 1)
-            h0, h1, h2, h3 = ldmatrix_x4(smem_u, uint32(hi_off + p))
-            l0, l1, l2, l3 = ldmatrix_x4(smem_u, uint32(lo_off + p))
-            bfr[8 * pr], bfr[8 * pr + 1], bfr[8 * pr + 2], bfr[8 * pr + 3] = h0, h1, l0, l1
-            if n_tiles > 1:
-                bfr[8 * pr + 4], bfr[8 * pr + 5], bfr[8 * pr + 6], bfr[8 * pr + 7] = h2, h3, l2, l3
-
-    return load_b_ldmatrix

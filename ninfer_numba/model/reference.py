@@ -9,8 +9,10 @@ ones a window of rows at a time (``ModelWeights.matmul``), so peak memory is the
 
 ``emulate_int8=True`` models the kernels' storage precision: every matmul input quantized per 32-block to
 int8 exactly as the GPU kernels do (kernels/q8/ref.py), and the attention queries, keys and values rounded
-to float16 as the f16 KV cache holds them; so GPU logits can be compared with this model tightly (see
-benchmarks/e2e/act_follow.py). Rows the GPU ran through the W8A16 prefill GEMM (``f16_layer_rows`` /
+to float16 as the f16 KV cache holds them, and the Gated DeltaNet state pass's operands rounded to float16
+where the GPU's prefill kernel rounds them (calls of more than one token: one token is the decode step's
+float32 kernel); so GPU logits can be compared with this model tightly when it runs the sequence in the
+GPU's own pieces (see benchmarks/e2e/act_follow.py). Rows the GPU ran through the W8A16 prefill GEMM (``f16_layer_rows`` /
 ``f16_head_rows``, by position) instead take their activations rounded to float16 and the weights
 dequantized to float16, as that kernel does. The float mode is the spec.
 """
@@ -119,7 +121,8 @@ class ReferenceModel:
         y, st.conv[i], st.ssm[i] = gdn_mixer_ref(
             proj, self.w.dense(b + "ssm_conv1d.weight"), st.conv[i], self.w.dense(b + "ssm_a"),
             self.w.dense(b + "ssm_dt.bias"), self.w.dense(b + "ssm_norm.weight"), st.ssm[i],
-            c.ssm_groups, c.ssm_heads, c.ssm_state, c.rms_eps, chunked=self.gdn_chunked)
+            c.ssm_groups, c.ssm_heads, c.ssm_state, c.rms_eps, chunked=self.gdn_chunked,
+            f16_operands=self.emulate_int8 and self.gdn_chunked and len(h) > 1)
         return self._linear(y.astype(np.float32), b + "ssm_out.weight", f16_rows=f16)
 
     def _ffn(self, i: int, h: np.ndarray, f16) -> np.ndarray:

@@ -33,6 +33,34 @@ def rel_budget(S: int, T: int, bt: int = 64) -> float:
     return 2.0 * (S + bt) * 2.0 ** -24 * math.sqrt(n_chunks + 1)
 
 
+def rel_budget_f16(S: int, T: int, bt: int = 64) -> float:
+    """Relative-RMS error budget of the whole prefill, whose state pass multiplies float16 operands.
+
+    The state pass (chunk_state_f16.py) rounds W, q, k and P (in the workspace) and h and V' (in shared
+    memory) to float16, unit roundoff 2^-11, and accumulates in float32. Each output passes through about
+    four such roundings in sequence per chunk (W h -> V' -> P V' / Kᵀ V'), each at most 2^-11 relative of its
+    term, so a chunk contributes 2 · 2^-11 (four independent roundings add as sqrt(4)); the carried state adds
+    the chunks' errors as a random walk, as in rel_budget, whose fp32 terms (the rest of the pipeline) are
+    added on top.
+    """
+    n_chunks = (T + bt - 1) // bt
+    return 2.0 * 2.0 ** -11 * math.sqrt(n_chunks + 1) + rel_budget(S, T, bt)
+
+
+def rel_budget_f16_emulated(S: int, T: int, bt: int = 64) -> float:
+    """Relative-RMS budget of the prefill against the reference that rounds to float16 where it does.
+
+    The float32 rounding of rel_budget, plus the rounding decisions that differ: a value the kernel has in
+    float32 to a relative error e ~ (S + BT)·2^-24 rounds to the other neighbouring float16 than the
+    reference's own where it lies within e of a midpoint, a fraction ~e / 2^-10 of the values, each then one
+    float16 step (<= 2^-10 relative) away: RMS sqrt(e · 2^-10) per rounding, about four roundings per chunk
+    (factor 2), carried as a random walk over the chunks as in rel_budget.
+    """
+    n_chunks = (T + bt - 1) // bt
+    flips = 2.0 * math.sqrt((S + bt) * 2.0 ** -24 * 2.0 ** -10) * math.sqrt(n_chunks + 1)
+    return flips + rel_budget(S, T, bt)
+
+
 def make_inputs(seed: int, T: int, Hk: int, Hv: int, S: int, decay: str = "mixed") -> dict:
     """float32 layer inputs: projection rows, conv weights/state, gates, norm weight, recurrent state."""
     rng = np.random.default_rng(seed)
@@ -51,11 +79,12 @@ def make_inputs(seed: int, T: int, Hk: int, Hv: int, S: int, decay: str = "mixed
     }
 
 
-def mixer_reference(inp: dict, Hk: int, Hv: int, S: int, chunked: bool = True):
-    """gdn_mixer_ref in float64 on the float32 inputs: (y, conv_state, state)."""
+def mixer_reference(inp: dict, Hk: int, Hv: int, S: int, chunked: bool = True, f16_operands: bool = False):
+    """gdn_mixer_ref in float64 on the float32 inputs: (y, conv_state, state); f16_operands: with the
+    prefill state pass's float16 roundings emulated (one prefill call over all of inp's tokens)."""
     a = {k: v.astype(np.float64) for k, v in inp.items()}
     return ref.gdn_mixer_ref(a["proj"], a["conv_w"], a["conv_state"], a["ssm_a"], a["dt_bias"], a["norm_w"],
-                             a["state"], Hk, Hv, S, EPS, chunked=chunked)
+                             a["state"], Hk, Hv, S, EPS, chunked=chunked, f16_operands=f16_operands)
 
 
 def to_device(inp: dict) -> dict:

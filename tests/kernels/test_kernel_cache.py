@@ -14,7 +14,7 @@ FACTORY_KEYS = """
 import json
 from ninfer_numba.kernels.kernel_cache import cells_digest
 from ninfer_numba.kernels.flash_attn import decode, prefill, prefill_mma, rope
-from ninfer_numba.kernels.gdn import chunk, chunk_intra_mma, chunk_state_mma, conv, recurrent
+from ninfer_numba.kernels.gdn import chunk, chunk_intra_mma, chunk_state_f16, conv, recurrent
 D = 256 if len(__import__("sys").argv) < 2 else int(__import__("sys").argv[1])
 made = {
     "fa_decode": decode._decode_kernels(16, 4, D, 64),
@@ -24,7 +24,7 @@ made = {
     "qk_norm_gates": chunk._qk_norm_gates_kernel(128, 16, 32),
     "gated_norm": (chunk._gated_norm_kernel(128, 16, 32),),
     "intra_mma": (chunk_intra_mma.chunk_intra_mma_kernel(128, 16, 32),),
-    "state_mma": (chunk_state_mma.chunk_state_mma_kernel(128, 16, 32),),
+    "state_f16": (chunk_state_f16.chunk_state_f16_kernel(128, 16, 32, 32),),
     "conv": (conv._conv_silu_kernel(4), conv._conv_state_shift_kernel(4)),
     "gdn_decode": (recurrent._decode_kernel(128, 4, 16, 32),),
 }

@@ -125,14 +125,12 @@ def test_gpu_model_matches_int8_reference_following_near_ties(tmp_path):
     """End to end against the int8-emulating reference that takes the GPU's one-level rounding decisions
     (benchmarks/e2e/act_follow.py): no GPU int8 activation is two levels or more from the reference's own, and then
     the logits at every position, the top-1 and the greedy tokens (graph path) all agree tightly."""
-    from benchmarks.e2e.act_follow import TieFollower, gpu_activations
-    from ninfer_numba.model.reference import ReferenceModel
+    from benchmarks.e2e.act_follow import follow_in_pieces, gpu_activations
     llm = _tiny_gpu_llm(tmp_path)
     prompt = np.random.default_rng(5).integers(0, SPEC.n_vocab, 70).tolist()
-    acts, logits, toks = gpu_activations(llm.runner, prompt, 8)
-    ref = ReferenceModel(llm.weights, emulate_int8=True)
-    ref.act_hook = follower = TieFollower(acts, SPEC.n_layer)
-    ref_logits = ref.forward(prompt + toks, ref.new_state(78))
+    acts, logits, toks, pieces = gpu_activations(llm.runner, prompt, 8)
+    assert pieces == [32, 32, 6] + [1] * 8                 # the reference runs the same forward calls
+    ref_logits, follower = follow_in_pieces(llm.weights, acts, prompt + toks, pieces)
     rep = follower.report()
     assert logits.shape == ref_logits.shape == (78, SPEC.n_vocab)
     assert rep["disagreements"] == 0, (rep, [st for st in follower.stats if st["disagreements"]][:3])

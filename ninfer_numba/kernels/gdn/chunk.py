@@ -2,9 +2,9 @@
 
 Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel reading what the previous wrote:
   1. conv_silu + conv_state_shift (conv.py)   u = silu(conv(proj[:, :C])), conv state <- last K-1 inputs
-  2. qk_norm_gates                             q, k heads of u L2-normalised in place; beta, g [T, Hv]
-  3. chunk_intra_mma (chunk_intra_mma.py)     G, W, U, P per (chunk, value head), tensor cores
-  4. chunk_state_mma (chunk_state_mma.py)     raw o into y_out; state carried over all chunks, tensor cores
+  2. qk_norm_gates                             q, k heads of u L2-normalised, as float16 (qk16); beta, g [T, Hv]
+  3. chunk_intra_mma (chunk_intra_mma.py)     G, W, U, P per (chunk, value head), tensor cores (3xTF32)
+  4. chunk_state_f16 (chunk_state_f16.py)     raw o into y_out; state carried over all chunks, f16 tensor cores
   5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place (or, normalize=False,
                                                in the kernel making the out-projection's activation)
 All intermediates live in a ``GdnPrefillWorkspace`` sized for the longest prompt; kernels receive the full
@@ -16,11 +16,11 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import float32
+from numba import float32, types
 
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
-from ninfer_numba.kernels.gdn.chunk_state_mma import launch_chunk_state_mma
+from ninfer_numba.kernels.gdn.chunk_state_f16 import launch_chunk_state_f16
 from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, gated_rms_apply, gated_rms_inverse, sigmoid_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
@@ -28,6 +28,7 @@ from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.reduce import row_sum_f32
 
 WARPS_ROW = 4      # warps per block of the row kernels
+float16 = types.float16
 
 
 def lanes_per_row(S: int) -> int:
@@ -49,8 +50,9 @@ def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
     NPL = (S + LPR - 1) // LPR  # elements per lane of a head row
 
     @cached_jit()
-    def qk_norm_gates(proj, u, ssm_a, dt_bias, beta, g, T, eps):
-        # proj: [T, P], u: [T, C] (q, k heads normalised in place), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
+    def qk_norm_gates(proj, u, qk16, ssm_a, dt_bias, beta, g, T, eps):
+        # proj: [T, P], u: [T, C] (read), qk16: [T, 2·Hk·S] f16 the L2-normalised q, k heads of u (the float16
+        # values both chunk kernels multiply), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
         # LPR lanes per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles,
         # which every lane executes (items of one warp may differ in kind or be past the end).
         gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x
@@ -73,7 +75,7 @@ def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
             for k in range(NPL):
                 d = lane + LPR * k
                 if d < S:
-                    u[t, base + d] *= inv
+                    qk16[t, base + d] = float16(u[t, base + d] * inv)
         elif item < T * NR:
             jj = (r - 2 * Hk) * LPR + lane
             if jj < Hv:
@@ -119,8 +121,9 @@ def _gated_norm_kernel(S: int, Hk: int, Hv: int):
 class GdnPrefillWorkspace:
     """Device scratch for gdn_prefill up to ``max_tokens`` tokens (reused by every GDN layer in turn).
 
-    u: [T, C] post-conv activations, beta, g: [T, Hv], G: [Hv, T], W, U: [Hv, T, S], P: [Hv, T, BT].
-    9B at T = 8192: 268 + 2 + 1 + 268 + 67 MB (float32).
+    u: [T, C] post-conv activations, qk16: [T, 2·Hk·S] its q, k heads as float16, beta, g: [T, Hv],
+    G: [Hv, T], U: [Hv, T, S] float32; W16: [Hv, T, S], P16: [Hv, T, BT] float16.
+    9B at T = 8192: u 268, qk16 67, U 134, W16 67, P16 34 MB.
     """
 
     def __init__(self, max_tokens: int, Hk: int, Hv: int, S: int, stream=0) -> None:
@@ -132,12 +135,16 @@ class GdnPrefillWorkspace:
         self.beta = cuda.device_array((T, Hv), f32, stream=stream)
         self.g = cuda.device_array((T, Hv), f32, stream=stream)
         self.G = cuda.device_array((Hv, T), f32, stream=stream)
-        self.W = cuda.device_array((Hv, T, S), f32, stream=stream)
+        self.qk16 = cuda.device_array((T, 2 * Hk * S), np.float16, stream=stream)
+        self.W16 = cuda.device_array((Hv, T, S), np.float16, stream=stream)
         self.U = cuda.device_array((Hv, T, S), f32, stream=stream)
-        self.P = cuda.device_array((Hv, T, BT), f32, stream=stream)
+        self.P16 = cuda.device_array((Hv, T, BT), np.float16, stream=stream)
+
+    def arrays(self) -> tuple:
+        return self.u, self.qk16, self.beta, self.g, self.G, self.W16, self.U, self.P16
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.u, self.beta, self.g, self.G, self.W, self.U, self.P))
+        return sum(a.nbytes for a in self.arrays())
 
 
 _SHARED_WORKSPACES: dict = {}
@@ -155,7 +162,8 @@ def shared_workspace(T: int, Hk: int, Hv: int, S: int, stream=0) -> GdnPrefillWo
 
 
 def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, Hk: int, eps: float,
-                stream=0, ws: GdnPrefillWorkspace | None = None, normalize: bool = True) -> None:
+                stream=0, ws: GdnPrefillWorkspace | None = None, normalize: bool = True,
+                state_bv: int | None = None) -> None:
     """T tokens through the whole GDN mixer (chunked form); leaves conv_state and state ready for decode.
 
     proj: [T, P] float32 (qkv | z | beta_raw | alpha_raw, P = C + Hv*S + 2*Hv), conv_w: [C, K] float32,
@@ -165,6 +173,7 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     Layers on one stream may share a workspace; concurrent streams on one device need one each.
     normalize: False leaves the raw o in y_out (step 5 skipped) for a consumer that fuses the gated RMSNorm
     into the next matmul's activation (q8.act_f16.gated_rmsnorm_f16, q8.quant_act.gated_rmsnorm_quant).
+    state_bv: value columns per block of the state pass (chunk_state_f16.state_tile's default when None).
     """
     T = proj.shape[0]
     Hv, S = state.shape[0], state.shape[1]
@@ -178,10 +187,10 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     C = 2 * Hk * S + Hv * S
     conv_silu_prefill(proj, conv_w, conv_state, ws.u, C, stream)
     qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
-    qk_norm_gates[_row_blocks(T * n_items, S), 32 * WARPS_ROW, stream](proj, ws.u, ssm_a, dt_bias, ws.beta, ws.g,
-                                                                     T, eps)
+    qk_norm_gates[_row_blocks(T * n_items, S), 32 * WARPS_ROW, stream](proj, ws.u, ws.qk16, ssm_a, dt_bias,
+                                                                     ws.beta, ws.g, T, eps)
     launch_chunk_intra_mma(ws, T, stream)
-    launch_chunk_state_mma(ws, state, y_out, T, stream)
+    launch_chunk_state_f16(ws, state, y_out, T, stream, bv=state_bv)
     if normalize:
         gated_norm(proj, norm_w, y_out, T, Hk, eps, stream=stream)
 

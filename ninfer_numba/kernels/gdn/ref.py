@@ -119,7 +119,8 @@ def gdn_recurrent_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndar
 
 
 def gdn_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray,
-                    state: np.ndarray, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+                    state: np.ndarray, chunk: int = 64,
+                    f16_operands: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Chunkwise-parallel form of ``gdn_recurrent_ref`` (same arguments, same results up to rounding).
 
     Per chunk of c <= ``chunk`` tokens and value head, with G the in-chunk cumulative sum of g and h the
@@ -130,6 +131,9 @@ def gdn_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarra
       h <- exp(G_last) h + (K exp(G_last - G))^T V'
     Decay factors are formed from differences G_i - G_j with i >= j (never ratios of exponentials), so
     every exponent is <= 0. The last chunk may be partial.
+    f16_operands: round to float16 where the GPU prefill does: q and k (the workspace's qk16, from which
+    the intra-chunk products are exact), W and P as the workspace holds them, h at the chunk start, V' and
+    e^(G_last - G) V' (chunk_state_f16.py); everything else float64.
     """
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
@@ -138,6 +142,8 @@ def gdn_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarra
     kh = _key_head_index(Hv, q.shape[1])
     q64 = np.asarray(q, np.float64)[:, kh].transpose(1, 0, 2)              # [Hv, T, Dk]
     k64 = np.asarray(k, np.float64)[:, kh].transpose(1, 0, 2)              # [Hv, T, Dk]
+    if f16_operands:
+        q64, k64 = _f16(q64), _f16(k64)
     v64 = np.asarray(v, np.float64).transpose(1, 0, 2)                     # [Hv, T, Dv]
     b64 = np.asarray(beta, np.float64).T                                   # [Hv, T]
     g64 = np.asarray(g, np.float64).T                                      # [Hv, T]
@@ -159,13 +165,24 @@ def gdn_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarra
         IA = np.eye(c)[None] + A
         W = np.linalg.solve(IA, (bc * np.exp(G))[:, :, None] * Kc)         # [Hv, c, Dk]
         U = np.linalg.solve(IA, bc[:, :, None] * Vc)                       # [Hv, c, Dv]
-        Vn = U - W @ h                                                     # [Hv, c, Dv]
         attn = (Qc @ Kc.transpose(0, 2, 1)) * decay_ij                     # [Hv, c, c], zero above diag
-        o[:, t0:t1] = (np.exp(G)[:, :, None] * (Qc @ h) + attn @ Vn) * scale
         G_last = G[:, -1]                                                  # [Hv]
-        k_decayed = np.exp(G_last[:, None] - G)[:, :, None] * Kc           # [Hv, c, Dk]
-        h = np.exp(G_last)[:, None, None] * h + k_decayed.transpose(0, 2, 1) @ Vn
+        e_k = np.exp(G_last[:, None] - G)[:, :, None]                     # [Hv, c, 1]
+        if f16_operands:
+            hr = _f16(h)
+            Vn = U - _f16(W) @ hr
+            o[:, t0:t1] = (np.exp(G)[:, :, None] * (Qc @ hr) + _f16(attn) @ _f16(Vn)) * scale
+            h = np.exp(G_last)[:, None, None] * h + Kc.transpose(0, 2, 1) @ _f16(e_k * Vn)
+            continue
+        Vn = U - W @ h                                                     # [Hv, c, Dv]
+        o[:, t0:t1] = (np.exp(G)[:, :, None] * (Qc @ h) + attn @ Vn) * scale
+        h = np.exp(G_last)[:, None, None] * h + (e_k * Kc).transpose(0, 2, 1) @ Vn
     return o.transpose(1, 0, 2).astype(dt), h.astype(dt)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    """x rounded to float16, back in float64."""
+    return np.asarray(x).astype(np.float16).astype(np.float64)
 
 
 def gated_rmsnorm_ref(o: np.ndarray, z: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -194,13 +211,15 @@ def split_proj_columns(P: int, Hk: int, Hv: int, S: int) -> dict[str, slice]:
 
 def gdn_mixer_ref(proj: np.ndarray, conv_w: np.ndarray, conv_state: np.ndarray, ssm_a: np.ndarray,
                   dt_bias: np.ndarray, norm_w: np.ndarray, state: np.ndarray, Hk: int, Hv: int, S: int,
-                  eps: float, chunked: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  eps: float, chunked: bool = True, f16_operands: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The whole GDN token mixer between the fused input projection and ssm_out.
 
     proj: [T, P] with columns qkv [0, C) | z [C, C+Hv*S) | beta_raw (Hv) | alpha_raw (Hv),
     conv_w: [C, K], conv_state: [K-1, C], ssm_a, dt_bias: [Hv], norm_w: [S], state: [Hv, S, S].
     conv -> silu -> split q, k, v -> l2norm q, k (eps) -> gates -> recurrence (chunked or token by
     token) -> gated RMSNorm with z (eps). Returns y [T, Hv*S], new_conv_state [K-1, C], new_state.
+    f16_operands (chunked only): gdn_chunked_ref's, the GPU prefill's precision.
     """
     T, P = proj.shape
     cols = split_proj_columns(P, Hk, Hv, S)
@@ -210,8 +229,10 @@ def gdn_mixer_ref(proj: np.ndarray, conv_w: np.ndarray, conv_state: np.ndarray, 
     k = l2norm_ref(u[:, Hk * S:2 * Hk * S].reshape(T, Hk, S), eps)
     v = u[:, 2 * Hk * S:].reshape(T, Hv, S)
     beta, g = gdn_gates_ref(proj[:, cols["beta"]], proj[:, cols["alpha"]], ssm_a, dt_bias)
-    recur = gdn_chunked_ref if chunked else gdn_recurrent_ref
-    o, new_state = recur(q, k, v, beta, g, state)
+    if chunked:
+        o, new_state = gdn_chunked_ref(q, k, v, beta, g, state, f16_operands=f16_operands)
+    else:
+        o, new_state = gdn_recurrent_ref(q, k, v, beta, g, state)
     z = proj[:, cols["z"]].reshape(T, Hv, S)
     y = gated_rmsnorm_ref(o, z, norm_w, eps).reshape(T, Hv * S)
     return y, new_conv_state, new_state
