@@ -25,7 +25,7 @@ from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_state_f16 import launch_chunk_state_f16
-from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
+from ninfer_numba.kernels.gdn.conv import conv_silu_norm_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, to_f16
@@ -119,14 +119,11 @@ def bench_stages(Hk, Hv, S, rng, T=8192):
     y = cuda.device_array((T, Hv * S), np.float32)
     gdn_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], inp["ssm_a"], inp["dt_bias"], inp["norm_w"],
                 inp["state"], y, Hk, EPS, ws=ws)
-    C = 2 * Hk * S + Hv * S
     rows_tpb = 32 * gdn_chunk.WARPS_ROW
-    qk_norm_gates, n_items = gdn_chunk._qk_norm_gates_kernel(S, Hk, Hv)
     stages = {
-        "conv_silu+shift": lambda s: conv_silu_prefill(inp["proj"], inp["conv_w"], inp["conv_state"], ws.u,
-                                                       C, s),
-        "qk_norm_gates": lambda s: qk_norm_gates[gdn_chunk._row_blocks(T * n_items, S), rows_tpb, s](
-            inp["proj"], ws.u, ws.qk16, inp["ssm_a"], inp["dt_bias"], ws.beta, ws.g, T, EPS),
+        "conv_silu_norm+shift": lambda s: conv_silu_norm_prefill(inp["proj"], inp["conv_w"], inp["conv_state"],
+                                                                 ws.qk16, ws.v, S, EPS, s),
+        "gates": lambda s: gdn_chunk.gates(inp["proj"], inp["ssm_a"], inp["dt_bias"], ws, T, s),
         "chunk_intra_mma": lambda s: launch_chunk_intra_mma(ws, T, s),
         "chunk_state_f16 BV=32": lambda s: launch_chunk_state_f16(ws, inp["state"], y, T, s, bv=32),
         "chunk_state_f16 BV=64": lambda s: launch_chunk_state_f16(ws, inp["state"], y, T, s, bv=64),

@@ -21,11 +21,11 @@ made = {
     "fa_prefill": (prefill._prefill_kernel(16, 4, D),),
     "fa_prefill_mma": (prefill_mma._prefill_mma_kernel(16, 4, D, 8),),
     "rope": (rope._norm_rope_kernel(16, 4, D, 64),),
-    "qk_norm_gates": chunk._qk_norm_gates_kernel(128, 16, 32),
+    "gates": (chunk._gates_kernel(128, 16, 32),),
     "gated_norm": (chunk._gated_norm_kernel(128, 16, 32),),
     "intra_mma": (chunk_intra_mma.chunk_intra_mma_kernel(128, 16, 32),),
     "state_f16": (chunk_state_f16.chunk_state_f16_kernel(128, 16, 32, 32),),
-    "conv": (conv._conv_silu_kernel(4), conv._conv_state_shift_kernel(4)),
+    "conv": (conv._conv_silu_norm_kernel(4, 128, 4096), conv._conv_state_shift_kernel(4)),
     "gdn_decode": (recurrent._decode_kernel(128, 4, 16, 32),),
 }
 kernels = lambda made: [k for x in made for k in (kernels(x) if isinstance(x, tuple) else [x])

@@ -1,8 +1,9 @@
 """GDN prefill (chunked form): the whole token mixer for T tokens, as a sequence of kernels on one stream.
 
 Reference: ``gdn_mixer_ref`` in ref.py (chunked=True). Order, each kernel reading what the previous wrote:
-  1. conv_silu + conv_state_shift (conv.py)   u = silu(conv(proj[:, :C])), conv state <- last K-1 inputs
-  2. qk_norm_gates                             q, k heads of u L2-normalised, as float16 (qk16); beta, g [T, Hv]
+  1. conv_silu_norm + conv_state_shift        u = silu(conv(proj[:, :C])): its q, k heads L2-normalised as
+     (conv.py)                                 float16 (qk16), its v heads (v); conv state <- last K-1 inputs
+  2. gates                                     beta, g [T, Hv]
   3. chunk_intra_mma (chunk_intra_mma.py)     G, W, U, P per (chunk, value head), tensor cores (3xTF32)
   4. chunk_state_f16 (chunk_state_f16.py)     raw o into y_out; state carried over all chunks, f16 tensor cores
   5. gated_norm                                y_out <- RMSNorm(o) * w * silu(z), in place (or, normalize=False,
@@ -12,23 +13,22 @@ workspace arrays plus T and touch rows < T only. Callers that must never allocat
 one workspace per (device, shape) is kept here and grown to the longest T seen (allocation then happens
 only on a first or longer call, never during graph capture of decode, which does not use it).
 """
-import math
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types
+from numba import float32
 
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_state_f16 import launch_chunk_state_f16
-from ninfer_numba.kernels.gdn.conv import conv_silu_prefill
+from ninfer_numba.kernels.gdn.conv import conv_silu_norm_prefill
 from ninfer_numba.kernels.gdn.device_math import gate_log_decay, gated_rms_apply, gated_rms_inverse, sigmoid_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.reduce import row_sum_f32
 
 WARPS_ROW = 4      # warps per block of the row kernels
-float16 = types.float16
+GATES_TPB = 256    # threads per block of the gates kernel
 
 
 def lanes_per_row(S: int) -> int:
@@ -41,48 +41,20 @@ def lanes_per_row(S: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def _qk_norm_gates_kernel(S: int, Hk: int, Hv: int):
-    C = 2 * Hk * S + Hv * S
-    B0 = C + Hv * S            # proj column of beta_raw; alpha_raw follows at B0 + Hv
-    LPR = lanes_per_row(S)
-    NG = (Hv + LPR - 1) // LPR  # gate items per token (one gate per lane)
-    NR = 2 * Hk + NG           # items per token: 2*Hk L2 norms (q heads, then k heads), then gates
-    NPL = (S + LPR - 1) // LPR  # elements per lane of a head row
+def _gates_kernel(S: int, Hk: int, Hv: int):
+    B0 = 2 * Hk * S + 2 * Hv * S       # proj column of beta_raw; alpha_raw follows at B0 + Hv
 
     @cached_jit()
-    def qk_norm_gates(proj, u, qk16, ssm_a, dt_bias, beta, g, T, eps):
-        # proj: [T, P], u: [T, C] (read), qk16: [T, 2·Hk·S] f16 the L2-normalised q, k heads of u (the float16
-        # values both chunk kernels multiply), ssm_a, dt_bias: [Hv], beta, g: [T, Hv]
-        # LPR lanes per item; a head row's lanes read consecutive columns (coalesced) and reduce by shuffles,
-        # which every lane executes (items of one warp may differ in kind or be past the end).
-        gid = cuda.blockIdx.x * (32 * WARPS_ROW) + cuda.threadIdx.x
-        item = gid // LPR
-        lane = gid % LPR
-        t = item // NR
-        r = item % NR
-        norm_row = item < T * NR and r < 2 * Hk
-        base = r * S
-        acc = float32(0.0)
-        if norm_row:
-            for k in range(NPL):
-                d = lane + LPR * k
-                if d < S:
-                    x = u[t, base + d]
-                    acc += x * x
-        acc = row_sum_f32(acc, LPR)
-        if norm_row:
-            inv = float32(1.0) / max(float32(math.sqrt(acc)), float32(eps))
-            for k in range(NPL):
-                d = lane + LPR * k
-                if d < S:
-                    qk16[t, base + d] = float16(u[t, base + d] * inv)
-        elif item < T * NR:
-            jj = (r - 2 * Hk) * LPR + lane
-            if jj < Hv:
-                beta[t, jj] = sigmoid_f32(proj[t, B0 + jj])
-                g[t, jj] = gate_log_decay(proj[t, B0 + Hv + jj], ssm_a[jj], dt_bias[jj])
+    def gates(proj, ssm_a, dt_bias, beta, g, T):
+        # proj: [T, P] f32, ssm_a, dt_bias: [Hv] f32 -> beta, g: [T, Hv] f32; one thread per (token, head)
+        i = cuda.blockIdx.x * GATES_TPB + cuda.threadIdx.x
+        if i < T * Hv:
+            t = i // Hv
+            j = i - t * Hv
+            beta[t, j] = sigmoid_f32(proj[t, B0 + j])
+            g[t, j] = gate_log_decay(proj[t, B0 + Hv + j], ssm_a[j], dt_bias[j])
 
-    return qk_norm_gates, NR
+    return gates
 
 
 @lru_cache(maxsize=None)
@@ -121,17 +93,16 @@ def _gated_norm_kernel(S: int, Hk: int, Hv: int):
 class GdnPrefillWorkspace:
     """Device scratch for gdn_prefill up to ``max_tokens`` tokens (reused by every GDN layer in turn).
 
-    u: [T, C] post-conv activations, qk16: [T, 2·Hk·S] its q, k heads as float16, beta, g: [T, Hv],
-    G: [Hv, T], U: [Hv, T, S] float32; W16: [Hv, T, S], P16: [Hv, T, BT] float16.
-    9B at T = 8192: u 268, qk16 67, U 134, W16 67, P16 34 MB.
+    qk16: [T, 2·Hk·S] float16 the post-conv q, k heads L2-normalised, v: [T, Hv·S] the post-conv v heads,
+    beta, g: [T, Hv], G: [Hv, T], U: [Hv, T, S] float32; W16: [Hv, T, S], P16: [Hv, T, BT] float16.
+    9B at T = 8192: qk16 67, v 134, U 134, W16 67, P16 34 MB.
     """
 
     def __init__(self, max_tokens: int, Hk: int, Hv: int, S: int, stream=0) -> None:
         self.max_tokens, self.Hk, self.Hv, self.S = max_tokens, Hk, Hv, S
-        C = 2 * Hk * S + Hv * S
         T = max_tokens
         f32 = np.float32
-        self.u = cuda.device_array((T, C), f32, stream=stream)
+        self.v = cuda.device_array((T, Hv * S), f32, stream=stream)
         self.beta = cuda.device_array((T, Hv), f32, stream=stream)
         self.g = cuda.device_array((T, Hv), f32, stream=stream)
         self.G = cuda.device_array((Hv, T), f32, stream=stream)
@@ -141,7 +112,7 @@ class GdnPrefillWorkspace:
         self.P16 = cuda.device_array((Hv, T, BT), np.float16, stream=stream)
 
     def arrays(self) -> tuple:
-        return self.u, self.qk16, self.beta, self.g, self.G, self.W16, self.U, self.P16
+        return self.v, self.qk16, self.beta, self.g, self.G, self.W16, self.U, self.P16
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
@@ -184,15 +155,19 @@ def gdn_prefill(proj, conv_w, conv_state, ssm_a, dt_bias, norm_w, state, y_out, 
     if T > ws.max_tokens or (ws.Hk, ws.Hv, ws.S) != (Hk, Hv, S):
         raise ValueError(f"workspace (T<={ws.max_tokens}, Hk={ws.Hk}, Hv={ws.Hv}, S={ws.S}) does not fit "
                          f"T={T}, Hk={Hk}, Hv={Hv}, S={S}")
-    C = 2 * Hk * S + Hv * S
-    conv_silu_prefill(proj, conv_w, conv_state, ws.u, C, stream)
-    qk_norm_gates, n_items = _qk_norm_gates_kernel(S, Hk, Hv)
-    qk_norm_gates[_row_blocks(T * n_items, S), 32 * WARPS_ROW, stream](proj, ws.u, ws.qk16, ssm_a, dt_bias,
-                                                                     ws.beta, ws.g, T, eps)
+    conv_silu_norm_prefill(proj, conv_w, conv_state, ws.qk16, ws.v, S, eps, stream)
+    gates(proj, ssm_a, dt_bias, ws, T, stream)
     launch_chunk_intra_mma(ws, T, stream)
     launch_chunk_state_f16(ws, state, y_out, T, stream, bv=state_bv)
     if normalize:
         gated_norm(proj, norm_w, y_out, T, Hk, eps, stream=stream)
+
+
+def gates(proj, ssm_a, dt_bias, ws: GdnPrefillWorkspace, T: int, stream=0) -> None:
+    """ws.beta, ws.g [:T] <- the write strength and log-decay of every (token, value head) from proj's raw
+    columns (ref.gdn_gates_ref)."""
+    kernel = _gates_kernel(ws.S, ws.Hk, ws.Hv)
+    kernel[(T * ws.Hv + GATES_TPB - 1) // GATES_TPB, GATES_TPB, stream](proj, ssm_a, dt_bias, ws.beta, ws.g, T)
 
 
 def gated_norm(proj, norm_w, y, T: int, Hk: int, eps: float, stream=0) -> None:

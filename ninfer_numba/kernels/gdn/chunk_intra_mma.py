@@ -83,7 +83,6 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     QK_ROW = 2 * Hk * S2         # words of a q|k row of qk16
     NB = max(d for d in range(1, 9) if (S // 8) % d == 0)     # n8 tiles per batch of W or U
     NBATCH = S // (8 * NB)
-    V0 = 2 * Hk * S              # u column of value head 0
     ACC_KQ = 4 * 5               # accumulator words of a warp's 5 (row tile, n8 tile) slots of K Kᵀ / Q Kᵀ
     ACC_B = 4 * NB               # accumulator words of a batch of W or U on one row tile
     BFR = 4 * NB
@@ -134,8 +133,8 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 2)}
 
     @cached_jit(**occupancy)
-    def chunk_intra_mma(u, qk16, beta, g, G_out, W_out, U_out, P_out, T):
-        # u: [T, C] f32 (v read), qk16: [T·2·Hk·S/2] u32 (f16 pairs of the L2-normalised q | k heads, flat),
+    def chunk_intra_mma(v, qk16, beta, g, G_out, W_out, U_out, P_out, T):
+        # v: [T, Hv·S] f32, qk16: [T·2·Hk·S/2] u32 (f16 pairs of the L2-normalised q | k heads, flat),
         # beta, g: [T, Hv] f32 -> G_out: [Hv, T] f32, W_out: [Hv, T, S/2] u32 (f16 pairs),
         # U_out: [Hv, T, S] f32, P_out: [Hv, T, BT/2] u32 (f16 pairs)
         smem = cuda.shared.array(0, types.float32, alignment=16)
@@ -157,11 +156,11 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
         kh = j % Hk
         c = min(BT, T - t0)
 
-        ncol = u.shape[1]
+        ncol = v.shape[1]
         stage_qk(smem, 0, KP, qk16, t0 * QK_ROW + (Hk + kh) * S2, QK_ROW, c, True)
         stage_qk(smem, OFF_Q, KP, qk16, t0 * QK_ROW + kh * S2, QK_ROW, c, True)
         ptx.cp_async_commit()
-        stage_v(smem, OFF_V, VP, u, t0 * ncol + V0 + j * S, ncol, c, True)     # used in step 4
+        stage_v(smem, OFF_V, VP, v, t0 * ncol + j * S, ncol, c, True)     # used in step 4
         ptx.cp_async_commit()
         if tid < BT:
             smem[uint32(OFF_B + tid)] = beta[uint32(t0 + tid), uint32(j)] if tid < c else f0
@@ -285,7 +284,7 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
 def launch_chunk_intra_mma(ws, T: int, stream=0) -> None:
     """chunk_intra_mma over the first T rows of workspace ``ws`` (chunk.py's GdnPrefillWorkspace)."""
     kernel = chunk_intra_mma_kernel(ws.S, ws.Hk, ws.Hv)
-    args = (ws.u, ws.qk16.view(np.uint32).reshape(ws.qk16.size // 2), ws.beta, ws.g, ws.G,
+    args = (ws.v, ws.qk16.view(np.uint32).reshape(ws.qk16.size // 2), ws.beta, ws.g, ws.G,
             ws.W16.view(np.uint32), ws.U, ws.P16.view(np.uint32), T)
     nbytes = 4 * intra_smem_words(ws.S)
     allow_dynamic_smem(kernel, args, nbytes)

@@ -261,11 +261,11 @@ def chunk_state_f16_kernel(S: int, Hk: int, Hv: int, BV: int):
 
             # C. h <- e^(G_last) h + Kᵀ (e^(G_last - G) ⊙ V') for the warp's key tiles; then h's f16 plane
             e_last = smem_f[uint32(sb + OFF_EG + c - 1)]
-            for x in range(ACC_H):
-                acc_h[x] *= e_last
             for m in range(MTW):
                 mt = w + N_WARPS * m
                 if mt < MT:
+                    for x in range(4 * NTV):
+                        acc_h[4 * NTV * m + x] *= e_last
                     ak = uint32(sb + OFF_K + 8 * mt + a_tr)
                     for ks in range(BT // 16):
                         k0, k1, k2, k3 = ldmatrix_x4_trans(smem, ak + uint32(16 * ks * RS))

@@ -1,31 +1,44 @@
-"""Causal depthwise conv over time with carried state (prefill), fused with SiLU.
+"""Causal depthwise conv over time with carried state (prefill), fused with SiLU and the q / k L2 norms.
 
-Reference: ``causal_conv1d_ref`` in ref.py (the decode step fuses its one-token conv into
-recurrent.py). Two kernels, because the carried state is read by the blocks that start a time tile and
-rewritten afterwards: ``conv_silu`` reads the old state, ``conv_state_shift`` (next in the stream) writes
-the new one.
+Reference: ``causal_conv1d_ref`` and ``l2norm_ref`` in ref.py (the decode step fuses its one-token conv
+into recurrent.py). Two kernels, because the carried state is read by the blocks that start a time tile and
+rewritten afterwards: ``conv_silu_norm`` reads the old state, ``conv_state_shift`` (next in the stream)
+writes the new one.
 
-Layouts: x is the first C columns of a row-major [T, P] projection (row stride P), w: [C, K],
-state: [K-1, C] oldest first. One thread per channel so every load and store is coalesced along C.
+``conv_silu_norm``: one thread per channel (every load and store coalesced along C), TPB channels by BT_CONV
+tokens per block. A block's channels are whole heads of S (S divides TPB), so the q and k heads are
+L2-normalised in the block (shuffles within a warp, one barrier where a head spans warps) and written as
+the float16 values the chunk kernels multiply (qk16); v goes out as float32. u never holds q or k.
+
+Layouts: x is the first C = 2·Hk·S + Hv·S columns of a row-major [T, P] projection (row stride P),
+w: [C, K], state: [K-1, C] oldest first; qk16: [T, 2·Hk·S] float16, v_out: [T, Hv·S] float32.
 """
+import math
 from functools import lru_cache
 
-from numba import float32
+from numba import float32, types
 
 from ninfer_numba.kernels.gdn.device_math import silu_f32
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.reduce import row_sum_f32
 
 TPB = 128          # threads per block: channels
 BT_CONV = 32       # tokens per block; the K-1 token halo is re-read per block (3/32 overhead at K = 4)
 NLOAD = 8          # tokens loaded before any is used, so several loads are in flight per thread (one at a
                    # time ran at half the copy bandwidth: 255 us for 0.54 GB at 9B / 8K)
+float16 = types.float16
 
 
 @lru_cache(maxsize=None)
-def _conv_silu_kernel(K: int):
-    """Kernel specialised for K taps (the window lives in registers)."""
+def _conv_silu_norm_kernel(K: int, S: int, QK: int):
+    """Kernel for K taps (the window lives in registers), head size S, QK = 2·Hk·S q and k channels."""
+    if TPB % S != 0:
+        raise ValueError(f"head size {S} must divide the conv block's {TPB} channels")
     KM1 = K - 1
+    LANES = min(S, 32)           # lanes of a head in one warp
+    WPH = max(1, S // 32)        # warps of a head
+    N_WARPS = TPB // 32
 
     @cuda.jit(device=True, inline=True)
     def conv_step(r_w, r_hist):
@@ -38,33 +51,65 @@ def _conv_silu_kernel(K: int):
         return silu_f32(acc)
 
     @cached_jit()
-    def conv_silu(proj, w, state, u, T, C):
-        # proj: [T, P] f32 (channels are columns [0, C)), w: [C, K] f32, state: [K-1, C] f32, u: [T, C] f32
+    def conv_silu_norm(proj, w, state, qk16, v_out, T, C, eps):
+        # proj: [T, P] f32 (channels are columns [0, C)), w: [C, K] f32, state: [K-1, C] f32,
+        # qk16: [T, QK] f16 (L2-normalised q, k heads), v_out: [T, C - QK] f32
+        s_part = cuda.shared.array((N_WARPS, BT_CONV), float32)   # per-warp sums of squares, per token
         ch = cuda.blockIdx.x * TPB + cuda.threadIdx.x
         t0 = cuda.blockIdx.y * BT_CONV
-        if ch >= C:
-            return
+        n_t = min(BT_CONV, T - t0)
+        valid = ch < C
+        chc = min(ch, C - 1)                          # threads past C compute a copy, never store
         r_w = cuda.local.array(K, float32)
         r_hist = cuda.local.array(K, float32)       # r_hist[k] = x_{t-K+1+k}; slot K-1 takes the new token
         r_x = cuda.local.array(NLOAD, float32)      # the next NLOAD tokens of this channel
+        r_y = cuda.local.array(BT_CONV, float32)    # the tile's outputs of this channel
         for k in range(K):
-            r_w[k] = w[ch, k]
+            r_w[k] = w[chc, k]
         for k in range(KM1):
             s = t0 - KM1 + k                          # token index of this history slot; < 0 reads the state
-            r_hist[k] = proj[s, ch] if s >= 0 else state[KM1 + s, ch]
-        if t0 + BT_CONV <= T:                     # a full tile: NLOAD loads in flight before their use
+            r_hist[k] = proj[s, chc] if s >= 0 else state[KM1 + s, chc]
+        if n_t == BT_CONV:                        # a full tile: NLOAD loads in flight before their use
             for tb in range(0, BT_CONV, NLOAD):
                 for i in range(NLOAD):
-                    r_x[i] = proj[t0 + tb + i, ch]
+                    r_x[i] = proj[t0 + tb + i, chc]
                 for i in range(NLOAD):
                     r_hist[KM1] = r_x[i]
-                    u[t0 + tb + i, ch] = conv_step(r_w, r_hist)
-        else:
-            for t in range(t0, T):
-                r_hist[KM1] = proj[t, ch]
-                u[t, ch] = conv_step(r_w, r_hist)
+                    r_y[tb + i] = conv_step(r_w, r_hist)
+        else:                                     # (constant trip counts keep r_y in registers)
+            for i in range(BT_CONV):
+                r_y[i] = float32(0.0)
+                if i < n_t:
+                    r_hist[KM1] = proj[t0 + i, chc]
+                    r_y[i] = conv_step(r_w, r_hist)
+        if cuda.blockIdx.x * TPB < QK:            # the block holds q or k heads: L2 norms (block-uniform;
+            warp = cuda.threadIdx.x >> 5          # every thread shuffles, only q / k channels are scaled)
+            eps32 = float32(eps)
+            for i in range(BT_CONV):
+                part = row_sum_f32(r_y[i] * r_y[i], LANES)
+                if WPH > 1:
+                    if (cuda.threadIdx.x & 31) == 0:
+                        s_part[warp, i] = part
+                elif ch < QK:
+                    r_y[i] *= float32(1.0) / max(math.sqrt(part), eps32)
+            if WPH > 1:
+                cuda.syncthreads()
+                w0 = warp - warp % WPH
+                for i in range(BT_CONV):
+                    tot = float32(0.0)
+                    for k in range(WPH):
+                        tot += s_part[w0 + k, i]
+                    if ch < QK:
+                        r_y[i] *= float32(1.0) / max(math.sqrt(tot), eps32)
+        if valid:
+            for i in range(BT_CONV):
+                if i < n_t:
+                    if ch < QK:
+                        qk16[t0 + i, ch] = float16(r_y[i])
+                    else:
+                        v_out[t0 + i, ch - QK] = r_y[i]
 
-    return conv_silu
+    return conv_silu_norm
 
 
 @lru_cache(maxsize=None)
@@ -84,16 +129,18 @@ def _conv_state_shift_kernel(K: int):
     return conv_state_shift
 
 
-def conv_silu_prefill(proj, conv_w, conv_state, u_out, n_channels: int, stream=0) -> None:
-    """u_out = silu(causal_conv1d(proj[:, :C], conv_w, conv_state)); conv_state <- last K-1 inputs.
+def conv_silu_norm_prefill(proj, conv_w, conv_state, qk16, v_out, S: int, eps: float, stream=0) -> None:
+    """qk16 = l2norm(q, k heads of u) as float16, v_out = v heads of u, where u = silu(causal_conv1d(
+    proj[:, :C], conv_w, conv_state)); conv_state <- last K-1 inputs. Enqueues two kernels.
 
-    proj: [T, P] float32 (conv channels are columns [0, C), C = n_channels), conv_w: [C, K] float32,
-    conv_state: [K-1, C] float32 (in/out, oldest first), u_out: [T, C] float32. Enqueues two kernels.
+    proj: [T, P] float32 (conv channels are columns [0, C), C = conv_w.shape[0]), conv_w: [C, K] float32,
+    conv_state: [K-1, C] float32 (in/out, oldest first), qk16: [>= T, 2·Hk·S] float16, v_out: [>= T, Hv·S]
+    float32, S: head size (divides TPB).
     """
     T = proj.shape[0]
-    K = conv_w.shape[1]
-    C = n_channels
+    C, K = conv_w.shape
+    QK = qk16.shape[1]
     grid = ((C + TPB - 1) // TPB, (T + BT_CONV - 1) // BT_CONV)
-    _conv_silu_kernel(K)[grid, TPB, stream](proj, conv_w, conv_state, u_out, T, C)
+    _conv_silu_norm_kernel(K, S, QK)[grid, TPB, stream](proj, conv_w, conv_state, qk16, v_out, T, C, eps)
     if K > 1:
         _conv_state_shift_kernel(K)[(C + TPB - 1) // TPB, TPB, stream](proj, conv_state, T, C)
