@@ -3,7 +3,7 @@ import pytest
 
 from benchmarks.kernels.sass_stalls import read_rows, summary
 
-PAGE = '''"Kernel Name","chunk_state_mma"
+PAGE = '''"Kernel Name","chunk_state_f16"
 "# Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"
 "0x100","HMMA.1688.F32.TF32 R4, R8, R12, R4","600","550"
 "0x110","LDSM.16.M88.4 R8, [R2]","300","120"
