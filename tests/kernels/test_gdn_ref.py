@@ -94,6 +94,22 @@ def test_chunked_matches_recurrent_regimes(T, decay, beta):
         assert_close(s_c, s_r, FORM_RTOL, f"state chunk={chunk}")
 
 
+def test_chunked_f16_operands_round_at_the_kernels_places():
+    """f16_operands: the float16 roundings of the GPU prefill (q, k, W, P, h, V'): the result moves by about
+    the float16 unit roundoff, not more, and rounding q, k beforehand changes nothing (they are rounded
+    once); the default stays float64."""
+    rng = np.random.default_rng(9)
+    q, k, v, b, g, state = make_qkv(rng, 130, 2, 4, 32)
+    o, s = ref.gdn_chunked_ref(q, k, v, b, g, state)
+    o16, s16 = ref.gdn_chunked_ref(q, k, v, b, g, state, f16_operands=True)
+    for out, want in ((o16, o), (s16, s)):
+        rel = np.linalg.norm(out - want) / np.linalg.norm(want)
+        assert 2.0 ** -16 < rel < 4 * 2.0 ** -11, rel
+    q16, k16 = (x.astype(np.float16).astype(np.float64) for x in (q, k))
+    o16b, s16b = ref.gdn_chunked_ref(q16, k16, v, b, g, state, f16_operands=True)
+    assert np.array_equal(o16b, o16) and np.array_equal(s16b, s16)
+
+
 def test_chunked_key_dim_differs_from_value_dim():
     rng = np.random.default_rng(3)
     args = make_qkv(rng, 70, 2, 4, 16, Dv=24)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels.q8.ref import QK, quantize_q8_blocks_ref
-from benchmarks.e2e.act_follow import POINTS, TieFollower
+from benchmarks.e2e.act_follow import POINTS, TieFollower, follow_in_pieces
 from ninfer_numba.model.reference import ReferenceModel, emulate_activation
 from ninfer_numba.model.weights import open_model
 
@@ -126,3 +126,42 @@ def test_mismatched_shapes_and_counts_raise(tiny_untied):
     follower = TieFollower(acts, w.config.n_layer)
     with pytest.raises(RuntimeError, match="left GPU rows unread"):
         follower.report()
+
+
+def _recorded_in_pieces(w, seq, pieces):
+    """The reference's own record run in the given forward calls (as a GPU run chunks a prompt and decodes)."""
+    ref = _reference(w)
+    parts = []
+
+    def record(h, f16_rows):
+        xq, _ = quantize_q8_blocks_ref(h)
+        parts.append((xq.astype(np.int8), np.zeros(h.shape, np.float16), np.zeros(len(h), bool)))
+        return emulate_activation(h, f16_rows), f16_rows
+
+    ref.act_hook = record
+    st = ref.new_state(len(seq))
+    ends = np.cumsum(pieces)
+    logits = np.concatenate([ref.forward(seq[e - n:e], st) for n, e in zip(pieces, ends)])
+    n = w.config.n_layer
+    keys = [(i, p) for i in range(n) for p in POINTS] + [(n, "head")]
+    acts = {k: tuple(np.concatenate([parts[c * len(keys) + x][j] for c in range(len(pieces))])
+                     for j in range(3)) for x, k in enumerate(keys)}
+    return acts, logits
+
+
+def test_followed_in_the_gpus_pieces(tiny_untied):
+    """A run recorded in prefill chunks and single decode steps is followed unchanged when the reference runs
+    the same pieces (its Gated DeltaNet rounds to float16 in the multi-token calls only, as the GPU's
+    prefill kernels do); the pieces must cover the sequence."""
+    w = open_model(tiny_untied)
+    seq = np.random.default_rng(4).integers(0, w.config.n_vocab, 11).tolist()
+    pieces = [4, 4, 1, 1, 1]
+    acts, logits = _recorded_in_pieces(w, seq, pieces)
+    out, follower = follow_in_pieces(w, acts, seq, pieces)
+    rep = follower.report()
+    assert np.array_equal(out, logits)
+    assert rep["ties"] == 0 and rep["disagreements"] == 0
+    whole = _reference(w).forward(seq, _reference(w).new_state(len(seq)))
+    assert not np.array_equal(whole, logits)      # one call rounds elsewhere: the pieces matter
+    with pytest.raises(ValueError, match="do not add up"):
+        follow_in_pieces(w, acts, seq, [4, 4])
