@@ -142,8 +142,8 @@ def gdn_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarra
     kh = _key_head_index(Hv, q.shape[1])
     q64 = np.asarray(q, np.float64)[:, kh].transpose(1, 0, 2)              # [Hv, T, Dk]
     k64 = np.asarray(k, np.float64)[:, kh].transpose(1, 0, 2)              # [Hv, T, Dk]
-    if f16_operands:
-        q64, k64 = _f16(q64), _f16(k64)
+    rnd = _f16 if f16_operands else (lambda x: x)                         # where the GPU rounds, or not
+    q64, k64 = rnd(q64), rnd(k64)
     v64 = np.asarray(v, np.float64).transpose(1, 0, 2)                     # [Hv, T, Dv]
     b64 = np.asarray(beta, np.float64).T                                   # [Hv, T]
     g64 = np.asarray(g, np.float64).T                                      # [Hv, T]
@@ -168,15 +168,10 @@ def gdn_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarra
         attn = (Qc @ Kc.transpose(0, 2, 1)) * decay_ij                     # [Hv, c, c], zero above diag
         G_last = G[:, -1]                                                  # [Hv]
         e_k = np.exp(G_last[:, None] - G)[:, :, None]                     # [Hv, c, 1]
-        if f16_operands:
-            hr = _f16(h)
-            Vn = U - _f16(W) @ hr
-            o[:, t0:t1] = (np.exp(G)[:, :, None] * (Qc @ hr) + _f16(attn) @ _f16(Vn)) * scale
-            h = np.exp(G_last)[:, None, None] * h + Kc.transpose(0, 2, 1) @ _f16(e_k * Vn)
-            continue
-        Vn = U - W @ h                                                     # [Hv, c, Dv]
-        o[:, t0:t1] = (np.exp(G)[:, :, None] * (Qc @ h) + attn @ Vn) * scale
-        h = np.exp(G_last)[:, None, None] * h + (e_k * Kc).transpose(0, 2, 1) @ Vn
+        hr = rnd(h)                                                        # the operand copy of h
+        Vn = U - rnd(W) @ hr                                               # [Hv, c, Dv]
+        o[:, t0:t1] = (np.exp(G)[:, :, None] * (Qc @ hr) + rnd(attn) @ rnd(Vn)) * scale
+        h = np.exp(G_last)[:, None, None] * h + Kc.transpose(0, 2, 1) @ rnd(e_k * Vn)
     return o.transpose(1, 0, 2).astype(dt), h.astype(dt)
 
 
