@@ -28,8 +28,8 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
 Under ``NUMBA_ENABLE_CUDASIM=1`` intrinsics cannot run, so the same names are bound to (ptx_sim.py)
 ``@cuda.jit(device=True)`` Python functions. Per-thread ops (dp4a, loads, copies) are plain indexing.
 Warp-collective ops (shuffles, mma) exchange values between the 32 simulated threads of a warp through a
-per-warp ``threading.Barrier``; this relies on the simulator running a block's threads as live Python
-threads (``BlockThread`` with ``_manager`` and ``thread_id``), so callers must use them with all 32 lanes
+per-warp exchange point (ptx_sim._WarpRound); this relies on the simulator running a block's threads as
+live Python threads (``BlockThread`` with ``_manager`` and ``thread_id``), so callers must use them with all 32 lanes
 of a warp converged, exactly as the hardware requires, and with a block size that is a multiple of 32.
 cp.async is synchronous there (commit/wait do nothing), which keeps any correctly fenced kernel correct.
 """
@@ -37,7 +37,7 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx_sim import _accept_shared_alignment, _make_fallbacks   # the simulator's twins
+from ninfer_numba.kernels.ptx_sim import _make_fallbacks, install_simulator_patches   # the simulator's twins
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
@@ -268,7 +268,7 @@ def _make_intrinsics():
 
 
 if SIMULATOR:
-    _accept_shared_alignment()
+    install_simulator_patches()
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
  cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,

@@ -256,3 +256,42 @@ def test_float_mma_matches_matmul(kind):
     d = cuda.to_device(np.zeros((16, 8), np.float32))
     _float_mma_kernel(mma)[1, 32](cuda.to_device(regs), cuda.to_device(c), d)
     np.testing.assert_array_equal(d.copy_to_host(), (a @ b + c).astype(np.float32))
+
+
+@cuda.jit
+def _barrier_order_kernel(out):
+    """Every thread writes its slot, waits at the barrier, then reads a neighbour's: the read sees the write
+    only if no thread leaves syncthreads() before all arrived. Three rounds, some threads exiting early."""
+    s = cuda.shared.array(96, np.int32)
+    tid = cuda.threadIdx.x
+    for r in range(3):
+        s[tid] = 10 * r + tid
+        cuda.syncthreads()
+        out[r, tid] = s[(tid + 1) % 96]
+        cuda.syncthreads()
+    if tid >= 64:
+        return
+    s[tid] = -1
+    cuda.syncthreads()                    # only the 64 live threads arrive: released all the same
+    out[3, tid] = s[(tid + 1) % 64]
+
+
+def test_syncthreads_orders_all_threads_and_tolerates_exits():
+    out = cuda.to_device(np.zeros((4, 96), np.int32))
+    _barrier_order_kernel[2, 96](out)
+    tid = np.arange(96)
+    expect = np.stack([10 * r + (tid + 1) % 96 for r in range(3)] + [np.where(tid < 64, -1, 0)])
+    np.testing.assert_array_equal(out.copy_to_host(), expect)
+
+
+@cuda.jit
+def _raising_kernel(a):
+    tid = cuda.threadIdx.x
+    cuda.syncthreads()
+    a[tid + 40] = 1                        # out of range for the threads >= 24: IndexError in the simulator
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's error path")
+def test_simulator_reraises_a_thread_error_without_hanging():
+    with pytest.raises(IndexError):
+        _raising_kernel[1, 64](cuda.to_device(np.zeros(64, np.int32)))
