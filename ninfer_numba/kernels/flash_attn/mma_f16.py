@@ -75,3 +75,10 @@ def _make_fallbacks():
 
 
 mma_f16_16816, pack_f16x2 = _make_fallbacks() if SIMULATOR else _make_intrinsics()
+
+
+@cuda.jit(device=True, inline=True)
+def mma_into(acc, x, a0, a1, a2, a3, b0, b1):
+    """acc[x:x+4], one 16x8 float32 C fragment in a local array, += A·B (m16n8k16, f16 operands)."""
+    acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_f16_16816(a0, a1, a2, a3, b0, b1, acc[x], acc[x + 1],
+                                                               acc[x + 2], acc[x + 3])

@@ -44,7 +44,7 @@ import numpy as np
 from numba import types
 
 from ninfer_numba.kernels import ptx
-from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.flash_attn.mma_f16 import mma_into, pack_f16x2
 from ninfer_numba.kernels.ptx import ldmatrix_x4, ldmatrix_x4_trans
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
@@ -119,12 +119,6 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
                     smem[dst + 2] = zero
                     smem[dst + 3] = zero
         ptx.cp_async_commit()
-
-    @cuda.jit(device=True, inline=True)
-    def mma_into(acc, i, a0, a1, a2, a3, b0, b1):
-        """acc[i:i+4], one 16x8 C fragment, += A·B."""
-        acc[i], acc[i + 1], acc[i + 2], acc[i + 3] = mma_f16_16816(
-            a0, a1, a2, a3, b0, b1, acc[i], acc[i + 1], acc[i + 2], acc[i + 3])
 
     # ≤ 255 registers: with 4 warps two blocks share an SM (2 × 101 KiB of shared memory fits 227 KiB)
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, max(1, 8 // n_warps))}

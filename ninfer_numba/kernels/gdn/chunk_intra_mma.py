@@ -34,7 +34,7 @@ from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
-from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.flash_attn.mma_f16 import mma_into, pack_f16x2
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.gdn.tri_inverse import make_tri_inverse
@@ -92,11 +92,6 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
     load_t = make_a_split_ldmatrix(AP)           # T rows
     stage_qk = make_row_stager(TPB, S // 8, BT)  # rows of S f16: k, q
     stage_v = make_row_stager(TPB, S // 4, BT)   # rows of S f32: v
-
-    @cuda.jit(device=True, inline=True)
-    def mma_into(acc, x, a0, a1, a2, a3, b0, b1):
-        acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_f16_16816(a0, a1, a2, a3, b0, b1, acc[x], acc[x + 1],
-                                                                   acc[x + 2], acc[x + 3])
 
     @cuda.jit(device=True, inline=True)
     def kq_products(smem_u, acc_k, acc_q, w, ra1, ra2, N1):

@@ -31,7 +31,7 @@ from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
-from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.flash_attn.mma_f16 import mma_into, pack_f16x2
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.kernel_cache import cached_jit
@@ -136,11 +136,6 @@ def chunk_state_f16_kernel(S: int, Hk: int, Hv: int, BV: int):
             for e in range(4):
                 i = min(16 * rw + (lane >> 2) + 8 * (e >> 1), c - 1)
                 ureg[4 * nt + e] = U[u_base + uint32(i * S + 8 * nt + (e & 1))]
-
-    @cuda.jit(device=True, inline=True)
-    def mma_into(acc, x, a0, a1, a2, a3, b0, b1):
-        acc[x], acc[x + 1], acc[x + 2], acc[x + 3] = mma_f16_16816(a0, a1, a2, a3, b0, b1, acc[x], acc[x + 1],
-                                                                   acc[x + 2], acc[x + 3])
 
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 1)}
 
