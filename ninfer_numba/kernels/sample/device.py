@@ -103,11 +103,23 @@ def _block_argmax(v, i, s_v, s_i):
     return s_v[0], s_i[0]
 
 
+@cuda.jit(device=True, inline=True)
+def _take_max(best_v, best_i, v, i):
+    """(best_v, best_i) after candidate (v, i); indices come in increasing order per thread, so '>' keeps
+    the lowest index of a tie (best_i < 0: no candidate yet)."""
+    if best_i < 0 or v > best_v:
+        return v, i
+    return best_v, best_i
+
+
 @cuda.jit(device=True)
-def _grid_argmax(best_v, best_i, s_v, s_i, part_val, part_idx, done, slot, s_flag):
+def _grid_argmax(best_v, best_i, part_val, part_idx, done, slot):
     """Argmax over the grid of every thread's candidate: each block writes its winner to part_*; the last
     block to finish (counted in done[slot]) reduces them. Returns (is_last_block, value, index); value and
     index are the grid's only in the last block."""
+    s_v = cuda.shared.array(TPB, np.float32)
+    s_i = cuda.shared.array(TPB, np.int64)
+    s_flag = cuda.shared.array(1, np.int32)
     tid = cuda.threadIdx.x
     bv, bi = _block_argmax(best_v, best_i, s_v, s_i)
     if tid == 0:
@@ -158,21 +170,15 @@ def _argmax_kernel(logits, part_val, part_idx, done, out_token):
     """logits [V] float32 -> out_token [1] int32: first index of the maximum."""
     griddep_wait()                                # kernels/pdl.py: before any global access
     griddep_launch_dependents()
-    s_v = cuda.shared.array(TPB, np.float32)
-    s_i = cuda.shared.array(TPB, np.int64)
-    s_flag = cuda.shared.array(1, np.int32)
     tid = cuda.threadIdx.x
     V = logits.shape[0]
     best_v = np.float32(0.0)
     best_i = np.int64(-1)
     i = np.int64(cuda.blockIdx.x) * TPB + tid
-    while i < V:                        # grid-stride: i grows, so '>' keeps the lowest index of a tie
-        v = logits[i]
-        if best_i < 0 or v > best_v:
-            best_v = v
-            best_i = i
+    while i < V:                        # grid-stride
+        best_v, best_i = _take_max(best_v, best_i, logits[i], i)
         i += cuda.gridDim.x * TPB
-    last, bv, bi = _grid_argmax(best_v, best_i, s_v, s_i, part_val, part_idx, done, D_ARGMAX, s_flag)
+    last, bv, bi = _grid_argmax(best_v, best_i, part_val, part_idx, done, D_ARGMAX)
     if not last:
         return
     if tid == 0:
@@ -185,9 +191,6 @@ def _transform_kernel(logits, counts, params, mask, z, part_val, part_idx, done,
                       hist1_cnt, hist1_mass, histl_cnt, histl_mass, out_token):
     """z = penalised logits / temperature, -inf where params[P_MASKED] and the token's bit in mask [ceil(V/32)]
     int32 is clear; argmax of z (greedy ends here); draw u; reset the select state."""
-    s_v = cuda.shared.array(TPB, np.float32)
-    s_i = cuda.shared.array(TPB, np.int64)
-    s_flag = cuda.shared.array(1, np.int32)
     tid = cuda.threadIdx.x
     V = z.shape[0]
     temp = params[P_TEMP]
@@ -216,11 +219,9 @@ def _transform_kernel(logits, counts, params, mask, z, part_val, part_idx, done,
         if masked and (mask[i >> 5] >> (i & 31)) & 1 == 0:
             l = np.float32(-np.inf)
         z[i] = l
-        if best_i < 0 or l > best_v:
-            best_v = l
-            best_i = i
+        best_v, best_i = _take_max(best_v, best_i, l, i)
         i += cuda.gridDim.x * TPB
-    last, bv, bi = _grid_argmax(best_v, best_i, s_v, s_i, part_val, part_idx, done, D_TRANSFORM, s_flag)
+    last, bv, bi = _grid_argmax(best_v, best_i, part_val, part_idx, done, D_TRANSFORM)
     if not last:
         return
     for b in range(tid, NB, TPB):

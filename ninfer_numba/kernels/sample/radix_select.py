@@ -243,15 +243,24 @@ def _advance(st, stf, params, hist1_cnt, hist1_mass, histl_cnt, histl_mass, fres
 
 # ---------------------------------------------------------------- kernels
 
-@cached_jit()
-def _hist1_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, histl_mass, done, out_token):
-    """Level-1 histogram (counts, fixed-point masses) of all tokens; m_min, F(m_min), F(V); start selects."""
+@cuda.jit(device=True, inline=True)
+def _select_scratch():
+    """The select kernels' shared arrays: bin counts [NB] int32 and fixed-point masses [NB] int64, two scan
+    scratch rows [TPB] int64, the resolved select [8] int64, the last-block flag [1] int32. One per line:
+    the simulator tells shared arrays apart by the line that declares them."""
     s_cnt = cuda.shared.array(NB, np.int32)
     s_mass = cuda.shared.array(NB, np.int64)
     s_a = cuda.shared.array(TPB, np.int64)
     s_b = cuda.shared.array(TPB, np.int64)
     s_res = cuda.shared.array(8, np.int64)
     s_flag = cuda.shared.array(1, np.int32)
+    return s_cnt, s_mass, s_a, s_b, s_res, s_flag
+
+
+@cached_jit()
+def _hist1_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, histl_mass, done, out_token):
+    """Level-1 histogram (counts, fixed-point masses) of all tokens; m_min, F(m_min), F(V); start selects."""
+    s_cnt, s_mass, s_a, s_b, s_res, s_flag = _select_scratch()
     if st[S_PHASE] != PH_HIST1:
         return
     tid = cuda.threadIdx.x
@@ -314,12 +323,7 @@ def _hist1_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, h
 @cached_jit()
 def _refine_kernel(z, zbits, params, st, stf, hist1_cnt, hist1_mass, histl_cnt, histl_mass, done, out_token):
     """One deeper digit of the current select over the tokens matching its prefix (or emit the drawn token)."""
-    s_cnt = cuda.shared.array(NB, np.int32)
-    s_mass = cuda.shared.array(NB, np.int64)
-    s_a = cuda.shared.array(TPB, np.int64)
-    s_b = cuda.shared.array(TPB, np.int64)
-    s_res = cuda.shared.array(8, np.int64)
-    s_flag = cuda.shared.array(1, np.int32)
+    s_cnt, s_mass, s_a, s_b, s_res, s_flag = _select_scratch()
     phase = st[S_PHASE]
     if phase < PH_SEL_K:
         return
