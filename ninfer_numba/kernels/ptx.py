@@ -88,6 +88,16 @@ def void_intrinsic(text: str):
     return op
 
 
+def asm_tuple(context, builder, ret, out_ir: list, in_ir: list, asm: str, constraints: str, operands: list,
+              side_effect: bool = False):
+    """Emit inline PTX with several outputs (LLVM types ``out_ir``, returned as a struct) and give them back
+    as the numba tuple type ``ret``: the codegen tail of every multi-output intrinsic here."""
+    fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType(out_ir), in_ir), asm, constraints,
+                      side_effect=side_effect)
+    res = builder.call(fn, operands)
+    return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(len(out_ir))])
+
+
 def mma_sync_f32_intrinsic(shape_types: str):
     """An intrinsic ``mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)`` emitting
     ``mma.sync.aligned.<shape_types>`` with four b32 A registers, two b32 B registers and float32 C / D, e.g.
@@ -103,10 +113,8 @@ def mma_sync_f32_intrinsic(shape_types: str):
         def codegen(context, builder, sig, args):
             regs = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
             accs = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
-            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4), asm,
-                              ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4))
-            res = builder.call(fn, regs + accs)
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return asm_tuple(context, builder, ret, [_F32] * 4, [_I32] * 6 + [_F32] * 4, asm,
+                             ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4), regs + accs)
         return sig, codegen
     return mma
 
@@ -127,10 +135,7 @@ def pair_asm_intrinsic(asm: str, out_type):
                 word = builder.bitcast(context.cast(builder, args[0], sig.args[0], types.float32), _I32)
             else:
                 word = context.cast(builder, args[0], sig.args[0], types.uint32)
-            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([out_ir] * 2), [_I32]), asm,
-                              f"{out_c},{out_c},r")
-            res = builder.call(fn, [word])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+            return asm_tuple(context, builder, ret, [out_ir] * 2, [_I32], asm, f"{out_c},{out_c},r", [word])
         return sig, codegen
     return pair
 
@@ -158,10 +163,7 @@ def _make_intrinsics():
 
             def codegen(context, builder, sig, args):
                 addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * n), [_I64]), asm,
-                                  ",".join(["=r"] * n + ["l"]))
-                res = builder.call(fn, [addr])
-                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(n)])
+                return asm_tuple(context, builder, ret, [_I32] * n, [_I64], asm, ",".join(["=r"] * n + ["l"]), [addr])
             return sig, codegen
         return ldg
 
@@ -175,12 +177,10 @@ def _make_intrinsics():
 
         def codegen(context, builder, sig, args):
             vals = [context.cast(builder, v, t, types.int32) for v, t in zip(args, sig.args)]
-            sty = ir.LiteralStructType([_I32] * 4)
             asm = ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
                    "{$8, $9}, {$10, $11, $12, $13};")
-            fn = ir.InlineAsm(ir.FunctionType(sty, [_I32] * 10), asm, ",".join(["=r"] * 4 + ["r"] * 10))
-            res = builder.call(fn, vals)
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return asm_tuple(context, builder, ret, [_I32] * 4, [_I32] * 10, asm,
+                             ",".join(["=r"] * 4 + ["r"] * 10), vals)
         return sig, codegen
 
     @intrinsic
@@ -214,13 +214,10 @@ def _make_intrinsics():
 
             def codegen(context, builder, sig, args):
                 addr = shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                sty = ir.LiteralStructType([_I32] * 4)
                 # a memory read the compiler cannot see: side effect + memory clobber keep it after the
                 # barrier and the cp.async wait that make the tile visible
-                fn = ir.InlineAsm(ir.FunctionType(sty, [_I32]), asm, "=r,=r,=r,=r,r,~{memory}",
-                                  side_effect=True)
-                res = builder.call(fn, [addr])
-                return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+                return asm_tuple(context, builder, ret, [_I32] * 4, [_I32], asm, "=r,=r,=r,=r,r,~{memory}",
+                                 [addr], side_effect=True)
             return sig, codegen
         return ldmatrix
 

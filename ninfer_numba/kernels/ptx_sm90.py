@@ -48,7 +48,7 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _element_address, shared_address, void_intrinsic
+from ninfer_numba.kernels.ptx import _element_address, asm_tuple, shared_address, void_intrinsic
 from ninfer_numba.kernels.ptx_sim import _host_view, _warp_collective
 
 _I32 = ir.IntType(32)
@@ -190,11 +190,8 @@ def _make_intrinsics():
 
         def codegen(context, builder, sig, args):
             addr = _smem_at(context, builder, sig, args, 0, 1)
-            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32]),
-                              "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
-                              side_effect=True)
-            res = builder.call(fn, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(4)])
+            return asm_tuple(context, builder, ret, [_F32] * 4, [_I32], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
+                             "=f,=f,=f,=f,r,~{memory}", [addr], side_effect=True)
         return sig, codegen
 
     @intrinsic
@@ -227,9 +224,7 @@ def _make_intrinsics():
                    "sub.rn.f16x2 h, h, bias;\n"
                    "mul.rn.f16x2 $0, l, $3;\n"
                    "mul.rn.f16x2 $1, h, $3;\n}")
-            fn = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_I32] * 2), asm, "=r,=r,r,r")
-            res = builder.call(fn, vals)
-            return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(2)])
+            return asm_tuple(context, builder, ret, [_I32] * 2, [_I32] * 2, asm, "=r,=r,r,r", vals)
         return sig, codegen
 
     return (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
