@@ -295,3 +295,11 @@ def _raising_kernel(a):
 def test_simulator_reraises_a_thread_error_without_hanging():
     with pytest.raises(IndexError):
         _raising_kernel[1, 64](cuda.to_device(np.zeros(64, np.int32)))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's block manager")
+def test_simulator_runs_blocks_without_the_busy_poll():
+    """The stock manager's busy loop made the simulator suite 5-10 times slower (CI ran past its limit)."""
+    from numba.cuda.simulator import kernel
+    from ninfer_numba.kernels import ptx_sim
+    assert kernel.BlockManager.run is ptx_sim._block_manager_run
