@@ -295,22 +295,25 @@ def _block_manager_run(self, grid_point, *args):
     from numba.cuda.simulator.kernel import BlockThread
     threads = [BlockThread(lambda: self._f(*args), self, grid_point, point, self._debug)
                for point in np.ndindex(*self._block_dim)]
-    for t in threads:
-        t.start()
-    live = threads
-    while live:
-        time.sleep(_POLL_S)
+
+    def raise_first_error():
+        """A thread's error, after releasing the others from syncthreads() with their abort flag set."""
         failed = next((t for t in threads if t.exception), None)
         if failed is not None:
             for t in threads:
                 t.abort, t.syncthreads_blocked = True, False
                 t.syncthreads_event.set()
             raise failed.exception[0].with_traceback(failed.exception[1])
+
+    for t in threads:
+        t.start()
+    live = threads
+    while live:
+        time.sleep(_POLL_S)
+        raise_first_error()
         live = [t for t in live if t.is_alive()]
         if live and all(t.syncthreads_blocked for t in live):
             for t in live:
                 t.syncthreads_blocked = False
                 t.syncthreads_event.set()
-    failed = next((t for t in threads if t.exception), None)      # raised by the last thread to finish
-    if failed is not None:
-        raise failed.exception[0].with_traceback(failed.exception[1])
+    raise_first_error()                       # one raised by the last thread to finish
