@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, uint32, uint64
 
-from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
+from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
@@ -44,7 +44,6 @@ from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
 
 NW = 4                      # warps per partial block
 TPB = 32 * NW
-LOG2E = float32(1.4426950408889634)
 NEG_INF = float32(-np.inf)
 
 
@@ -239,7 +238,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
             smem[OFF_T + g * d + i] = o
             if i == 0:
-                part_ml[split, hk * G + g, 0] = mm * LOG2E
+                part_ml[split, hk * G + g, 0] = mm * float32(LOG2E)
                 part_ml[split, hk * G + g, 1] = ll
         cuda.syncthreads()
         fwht_rows(smem, OFF_T, G, d, tid, TPB)            # the values' rotation back, per split
