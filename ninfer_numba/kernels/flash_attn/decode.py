@@ -4,7 +4,7 @@ One new query token. The cache [0, kv_len) of each KV head is cut into ``n_split
 block (s, kh) reads range s of KV head kh once and serves all G = H/Hkv query heads of that head (GQA),
 so every cache byte is read once per step. Each block leaves an unnormalised partial output with its
 running max m and sum l (online softmax, in the log2 domain: scores carry the factor log2(e)/√d, so
-p = 2^(x − m)); the combine kernel rescales the partials of one query head by 2^(m_s − M), sums, divides
+p = 2^(x − m)); the combine kernel (split_combine.py) rescales the partials of one query head by 2^(m_s − M), sums, divides
 by Σ l_s·2^(m_s − M) and multiplies by σ(gate).
 
 kv_len is read from a device buffer, so one captured graph serves every step: the grid is fixed by
@@ -30,17 +30,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, pair_asm_intrinsic, shfl_xor_f32
-from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
 
 DEC_WARPS = 4                     # warps per block of the partial kernel
 DEC_TPB = 32 * DEC_WARPS
 DEC_BLOCKS_PER_SM = 3             # launch bound: ≤ 170 registers per thread, so the loop runs without spills
-COMB_GROUPS = 16                  # split groups (warps) of a combine block
-COMB_TPB = 32 * COMB_GROUPS       # threads per block of the combine kernel
 LANE_DIMS = 8                     # f16 dims per lane per row: one 16-byte load
 MAX_D = 32 * LANE_DIMS            # one row per warp: d ≤ 256, d a multiple of 8
 MAX_G = 8
@@ -69,13 +67,6 @@ def _make_h2_to_f32():
 
 
 h2_to_f32 = _make_h2_to_f32()
-
-
-@cuda.jit(device=True)
-def split_range_len(kv_len, n_splits, step_rows):
-    """Keys per split: ceil(kv_len / n_splits) rounded up to whole block steps (shared by both kernels)."""
-    per = (kv_len + n_splits - 1) // n_splits
-    return ((per + step_rows - 1) // step_rows) * step_rows
 
 
 @lru_cache(maxsize=None)
@@ -200,58 +191,7 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
                 part_ml[s, kh * G + g, 0] = m_all
                 part_ml[s, kh * G + g, 1] = l_all
 
-    @cached_jit(pdl=True)
-    def combine_kernel(part_o, part_ml, kv_len_buf, proj, out):
-        # grid (H, ceil(D / 32)), COMB_TPB threads: warp g sums splits g, g + COMB_GROUPS, ... of dims
-        # [32 y, 32 y + 32) (lane = dim; two loads in flight per step), then warp 0 adds the groups in order.
-        # One thread per dim walking every split was a chain of n_splits dependent loads: 18 µs per layer.
-        griddep_wait()                                # kernels/pdl.py: before any global access
-        griddep_launch_dependents()
-        h = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        g = tid // 32
-        lane = tid - 32 * g
-        i = 32 * cuda.blockIdx.y + lane
-        kv_len = kv_len_buf[0]
-        per = split_range_len(kv_len, n_splits, STEP)
-        n_act = (kv_len + per - 1) // per                     # splits that ran (all others returned early)
-        s_w = cuda.shared.array(n_splits, np.float32)          # [n_splits] weights 2^(m_s − M)
-        s_l = cuda.shared.array(n_splits, np.float32)          # [n_splits] l_s 2^(m_s − M)
-        s_o = cuda.shared.array(COMB_TPB, np.float32)          # [COMB_GROUPS, 32] the groups' sums
-        m_all = np.float32(NEG_INF)                            # every warp finds the maximum itself
-        for e in range(lane, n_act, 32):
-            m_all = max(m_all, part_ml[e, h, 0])
-        m_all = row_max_f32(m_all, 32)
-        for e in range(tid, n_act, COMB_TPB):
-            wt = math.exp2(part_ml[e, h, 0] - m_all)
-            s_w[e] = wt
-            s_l[e] = part_ml[e, h, 1] * wt
-        cuda.syncthreads()
-        o0 = np.float32(0.0)
-        o1 = np.float32(0.0)
-        if i < D:
-            e = g
-            while e + COMB_GROUPS < n_act:
-                o0 += part_o[e, h, i] * s_w[e]
-                o1 += part_o[e + COMB_GROUPS, h, i] * s_w[e + COMB_GROUPS]
-                e += 2 * COMB_GROUPS
-            if e < n_act:
-                o0 += part_o[e, h, i] * s_w[e]
-        s_o[tid] = o0 + o1
-        cuda.syncthreads()
-        if g == 0:
-            l_all = np.float32(0.0)
-            for e in range(lane, n_act, 32):
-                l_all += s_l[e]
-            l_all = row_sum_f32(l_all, 32)
-            o = np.float32(0.0)
-            for u in range(COMB_GROUPS):
-                o += s_o[32 * u + lane]
-            if i < D:
-                gate = proj[0, 2 * D * h + D + i]
-                out[h * D + i] = o * (np.float32(1.0) / l_all) / (np.float32(1.0) + math.exp(-gate))
-
-    return partial_kernel, combine_kernel
+    return partial_kernel, split_combine_kernel(D, n_splits, STEP)
 
 
 @dataclass(frozen=True)

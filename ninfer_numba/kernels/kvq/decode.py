@@ -12,8 +12,12 @@ Split-K over the cached tokens, two kernels on one stream:
              softmax  per head, online across the warp's tiles (max and sum by shuffles);
              values   lane l owns coordinates 8l .. 8l + 7: for each token of the tile, its 8 codes (one
                       24- or 32-bit group of the shared row), weights p · n_v / sqrt(d) from the token's lane.
-           The warps' (max, sum, accumulator) are merged in shared memory into the split's partial.
-  combine  grid (H,): the splits merged, divided by the softmax sum, rotated back by the values' rotation.
+           The warps' (max, sum, accumulator) are merged in shared memory into the split's partial, which
+           is rotated back there by the values' rotation (linear, so the rotation of each split's partial
+           sums to the rotation of the merged output) and written with its maximum in the log2 domain.
+  combine  flash_attn/split_combine.py's, the f16 cache's: the splits merged, divided by the softmax sum,
+           gated. (Rotating back once per head after the merge took a block per head walking every split's
+           maximum and sum, then the partials in dependent steps: ~17 µs per call at any depth.)
 The output is the attention of the head before the model's output gate, as flash_attn.decode's partials
 are before theirs.
 
@@ -30,7 +34,8 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, uint32, uint64
 
-from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
+from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
+from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
@@ -39,7 +44,6 @@ from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
 
 NW = 4                      # warps per partial block
 TPB = 32 * NW
-SG = 4                      # split groups of the combine block (SG · d threads)
 NEG_INF = float32(-np.inf)
 
 
@@ -87,7 +91,6 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     G = H // Hkv
     LANES = d // 8               # lanes holding value coordinates (8 each)
     ACC = 8 * G                  # accumulator words of a lane (array sizes must be plain constants)
-    CT = SG * d                  # combine threads
     WK = d * k_bits // 32        # words of a coded key row
     WV = d * v_bits // 32
     KS = WK + 1                  # key row stride in shared memory (odd)
@@ -130,7 +133,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 dot8(smem, w2 >> uint32(8), i0 + uint32(24), dots)
 
     @cached_jit(**occupancy)
-    def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, part_o, part_ml):
+    def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
+                part_ml):
         # k_words [Hkv·max_seq·WK], v_words [Hkv·max_seq·WV] uint32 (flat views of the coded caches)
         smem = cuda.shared.array(0, float32)
         smem_u = cuda.shared.array(0, uint32)             # the same bytes (dynamic arrays alias)
@@ -216,82 +220,34 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 smem[OFF_ML + 2 * (w * G + g)] = m[g]
                 smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
         cuda.syncthreads()
-        for e in range(tid, G * d, TPB):
-            g = e // d
+        if split * per >= n_kv:
+            return                                        # past kv_len: the combine reads no such split
+        for e in range(tid, G * d, TPB):                  # merged into warp 0's rows: each (g, i) is this
+            g = e // d                                    # thread's alone
             i = e - g * d
             mm = NEG_INF
             for u in range(NW):
                 mm = max(mm, smem[OFF_ML + 2 * (u * G + g)])
             o = f0
             ll = f0
-            if mm != NEG_INF:
-                for u in range(NW):
-                    mu = smem[OFF_ML + 2 * (u * G + g)]
-                    if mu != NEG_INF:
-                        f = math.exp(mu - mm)
-                        o += smem[OFF_T + (u * G + g) * d + i] * f
-                        ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
-            part_o[split, hk * G + g, i] = o
+            for u in range(NW):
+                mu = smem[OFF_ML + 2 * (u * G + g)]
+                if mu != NEG_INF:
+                    f = math.exp(mu - mm)
+                    o += smem[OFF_T + (u * G + g) * d + i] * f
+                    ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
+            smem[OFF_T + g * d + i] = o
             if i == 0:
-                part_ml[split, hk * G + g, 0] = mm
+                part_ml[split, hk * G + g, 0] = mm * float32(LOG2E)
                 part_ml[split, hk * G + g, 1] = ll
+        cuda.syncthreads()
+        fwht_rows(smem, OFF_T, G, d, tid, TPB)            # the values' rotation back, per split
+        for e in range(tid, G * d, TPB):
+            g = e // d
+            i = e - g * d
+            part_o[split, hk * G + g, i] = smem[OFF_T + g * d + i] * v_signs[i] * INV_SQRT_D
 
-    @cached_jit(**({} if SIMULATOR else {"launch_bounds": (CT, 1)}))     # <= 64 registers at 1024 threads
-    def combine(part_o, part_ml, v_signs, proj, out):
-        # gated: out [H·d] = o ⊙ σ(gate), the gate at proj[0, 2dh + d + i] (flash_attn/ref.py's layout);
-        # else out [H, d] = o. CT threads: SG groups of d, group g summing splits g, g + SG, ... of coordinate
-        # i (each split's weight e^(m_s - max) computed once, in shared memory): the loads of part_o are
-        # independent, where one thread per coordinate walking every split was a chain of n_splits global
-        # loads (about 100 µs per layer at 128 splits).
-        s_w = cuda.shared.array(n_splits, float32)        # the splits' maxima, then their weights
-        s_l = cuda.shared.array(n_splits, float32)        # the splits' weighted sums
-        s_red = cuda.shared.array(CT, float32)           # [group, coordinate]; row 0 then holds o
-        h = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        for sp in range(tid, n_splits, CT):
-            s_w[sp] = part_ml[sp, h, 0]
-        cuda.syncthreads()
-        mm = NEG_INF
-        for sp in range(n_splits):
-            mm = max(mm, s_w[sp])
-        cuda.syncthreads()                                # every thread has read the maxima
-        for sp in range(tid, n_splits, CT):
-            m_s = s_w[sp]
-            wt = math.exp(m_s - mm) if m_s != NEG_INF else f0
-            s_w[sp] = wt
-            s_l[sp] = part_ml[sp, h, 1] * wt
-        cuda.syncthreads()
-        ll = f0
-        for sp in range(n_splits):
-            ll += s_l[sp]
-        g = tid // d
-        i = tid - g * d
-        o0 = f0
-        o1 = f0
-        sp = g
-        while sp + SG < n_splits:                         # two loads in flight per step
-            o0 += part_o[sp, h, i] * s_w[sp]
-            o1 += part_o[sp + SG, h, i] * s_w[sp + SG]
-            sp += 2 * SG
-        if sp < n_splits:
-            o0 += part_o[sp, h, i] * s_w[sp]
-        s_red[g * d + i] = o0 + o1
-        cuda.syncthreads()
-        if tid < d:
-            o = f0
-            for u in range(SG):
-                o += s_red[u * d + tid]
-            s_red[tid] = o / ll
-        cuda.syncthreads()
-        fwht_rows(s_red, 0, 1, d, tid, CT)
-        if tid < d:
-            o = s_red[tid] * v_signs[tid] * INV_SQRT_D
-            if gated:
-                out[h * d + tid] = o / (float32(1.0) + math.exp(-proj[0, 2 * d * h + d + tid]))
-            else:
-                out[h, tid] = o
-
-    return partial, combine
+    return partial, split_combine_kernel(d, n_splits, 1, gated)
 
 
 class KvqDecodeWorkspace:
@@ -317,8 +273,9 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     nbytes = 4 * partial_smem_words(H // Hkv, d, k_tables.bits, v_tables.bits)[-1]
     partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
         q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
-        v_tables.levels, ws.part_o, ws.part_ml)
-    combine[H, SG * d, stream](ws.part_o, ws.part_ml, v_tables.signs, proj if gated else ws.no_gate, out)
+        v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml)
+    combine[(H, (d + 31) // 32), COMB_TPB, stream](ws.part_o, ws.part_ml, kv_len, proj if gated else ws.no_gate,
+                                                   out.reshape(out.size))
 
 
 def _words(codes):
