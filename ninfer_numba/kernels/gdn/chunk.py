@@ -72,20 +72,27 @@ def _gated_norm_kernel(S: int, Hk: int, Hv: int):
         valid = item < T * Hv
         t = item // Hv
         base = (item % Hv) * S
+        # o and z are loaded together into registers before any use (re-reading o after the sums, and z
+        # only then, left one load in flight at a time)
+        r_o = cuda.local.array(NPL, float32)
+        r_z = cuda.local.array(NPL, float32)
         acc = float32(0.0)
         if valid:
             for k in range(NPL):
                 d = lane + LPR * k
                 if d < S:
-                    o = y[t, base + d]
-                    acc += o * o
+                    r_o[k] = y[t, base + d]
+                    r_z[k] = proj[t, Z0 + base + d]
+            for k in range(NPL):
+                if lane + LPR * k < S:
+                    acc += r_o[k] * r_o[k]
         acc = row_sum_f32(acc, LPR)          # every lane: shuffles need the whole warp
         if valid:
             inv_rms = gated_rms_inverse(acc, S, eps)
             for k in range(NPL):
                 d = lane + LPR * k
                 if d < S:
-                    y[t, base + d] = gated_rms_apply(y[t, base + d], inv_rms, norm_w[d], proj[t, Z0 + base + d])
+                    y[t, base + d] = gated_rms_apply(r_o[k], inv_rms, norm_w[d], r_z[k])
 
     return gated_norm
 

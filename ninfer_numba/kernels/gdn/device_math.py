@@ -12,11 +12,12 @@ from ninfer_numba.kernels.numba_env import cuda
 
 @cuda.jit(device=True)
 def sigmoid_f32(x):
-    # split by sign so exp never overflows
-    if x >= float32(0.0):
-        return float32(1.0) / (float32(1.0) + float32(math.exp(-x)))
-    e = float32(math.exp(x))
-    return e / (float32(1.0) + e)
+    # e^{-|x|} never overflows; one exp and one reciprocal for either sign, no branch (a branch by sign made
+    # the conv's warps run both sides, with an IEEE division on one: ~30 instructions a value). x < 0 gives
+    # e · 1/(1 + e), within an ulp of e / (1 + e)
+    e = float32(math.exp(-abs(x)))
+    r = float32(1.0) / (float32(1.0) + e)
+    return r if x >= float32(0.0) else e * r
 
 
 @cuda.jit(device=True)
