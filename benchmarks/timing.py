@@ -8,6 +8,7 @@ sit in the 60 MB L2.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -53,3 +54,18 @@ def time_graph(launch: Callable[[object], None], *, n_inner: int = 20, reps: int
         samples.append(cuda.event_elapsed_time(start, stop) / n_inner)
     graph.close()
     return GraphTiming(statistics.median(samples), samples, capture_s)
+
+
+def gpu_name() -> str:
+    """The current CUDA device's name (numba returns bytes on some versions)."""
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def append_jsonl(path: str | None, rows: list[dict], **fields) -> None:
+    """Append each row, with ``fields`` added to it, as one JSON line to ``path`` (nothing when None)."""
+    if not path:
+        return
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps({**fields, **r}) + "\n")

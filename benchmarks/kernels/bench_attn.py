@@ -13,7 +13,6 @@ random codes, beside attention_decode's f16 rows above.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import numpy as np
@@ -27,7 +26,7 @@ from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, vector_bytes
 from ninfer_numba.model.qwen35 import KVQ_SPLITS
-from benchmarks.timing import time_graph
+from benchmarks.timing import append_jsonl, gpu_name, time_graph
 
 COPY_GBS = 4250.0
 SDPA_TFLOPS = {2048: 369.0, 8192: 602.0, 32768: 643.0}
@@ -180,18 +179,14 @@ def main(argv=None) -> None:
     if "prefill" in parts:
         rows += bench_prefill(**shape, rng=rng, lengths=[int(x) for x in args.prefill_lengths.split(",")],
                               mma=args.mma)
-    gpu = cuda.get_current_device().name
-    gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
+    gpu = gpu_name()
     print(f"# {gpu}  model {args.model} {shape}")
     print(f"{'kernel':20s} {'shape':>9s} {'µs':>10s} {'GB/s':>8s} {'TFLOP/s':>8s} {'%ceil':>6s}  ceiling")
     for r in rows:
         size = f"T={r['T']}" if "T" in r else f"L={r['L']}"
         print(f"{r['kernel']:20s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
               f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}")
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(dict(r, model=args.model, gpu=gpu, **shape)) + "\n")
+    append_jsonl(args.out, [dict(r, model=args.model, gpu=gpu, **shape) for r in rows])
 
 
 if __name__ == "__main__":

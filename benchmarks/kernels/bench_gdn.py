@@ -16,7 +16,6 @@ Writes nothing unless --out is given (one JSON object per row, appended).
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from ninfer_numba.kernels.gdn.conv import conv_silu_norm_prefill
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, to_f16
-from benchmarks.timing import time_graph
+from benchmarks.timing import append_jsonl, gpu_name, time_graph
 
 COPY_GBS = 4250.0
 SHAPES = {"9b": dict(Hk=16, Hv=32, S=128, n_layers=24), "27b": dict(Hk=16, Hv=48, S=128, n_layers=48)}
@@ -145,8 +144,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args(argv)
     parts = set(args.only.split(","))
-    gpu = cuda.get_current_device().name
-    gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
+    gpu = gpu_name()
     rows = []
     for model in args.model.split(","):
         shape = SHAPES[model]
@@ -170,10 +168,7 @@ def main(argv=None) -> None:
             extra = (f"{r['tok_s']:.0f} tok/s, {r['ms_per_8k']:.3f} ms/layer/8K, "
                      f"{r['all_layers_ms']:.1f} ms all layers, {r['GFLOPs']:.0f} GFLOP/s")
         print(f"{r['model']:5s} {r['kernel']:26s} {r['T']:6d} {r['us']:10.1f}  {extra}")
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ values. With --out, one JSON object per row is appended.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import numpy as np
@@ -24,7 +23,7 @@ from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.quant_act import rmsnorm_quant, silu_mul_quant
-from benchmarks.timing import time_graph
+from benchmarks.timing import append_jsonl, gpu_name, time_graph
 
 COPY_GBS = 4250.0
 L2_BYTES = 60e6
@@ -154,12 +153,7 @@ def main(argv=None) -> None:
     if "quant" in parts:
         rows += bench_quant(c, rng)
     _print(rows)
-    if args.out:
-        dev = cuda.get_current_device()
-        with open(args.out, "a") as fh:
-            for r in rows:
-                fh.write(json.dumps({"model": args.model, "gpu": dev.name.decode() if isinstance(dev.name, bytes)
-                                     else str(dev.name), **r}) + "\n")
+    append_jsonl(args.out, rows, model=args.model, gpu=gpu_name())
 
 
 # ---------------------------------------------------------------- pytest-benchmark variants --------------

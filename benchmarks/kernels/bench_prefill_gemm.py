@@ -16,7 +16,6 @@ A path ``w8a16[128]`` or ``w8a16[256]`` forces the W8A16 kernel's activation til
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.numba_env import cuda
-from benchmarks.timing import time_graph
+from benchmarks.timing import append_jsonl, gpu_name, time_graph
 
 # (name, N, K) of every prefill projection; N of the fused input projections as in model/gpu_weights.py
 SHAPES = {
@@ -135,12 +134,7 @@ def main(argv=None) -> None:
     paths = [p for p in args.paths.split(",") if p]
     rows = run(args.models.split(","), [int(v) for v in args.m.split(",")], paths, not args.no_cublas,
                set(args.shapes.split(",")) if args.shapes else None)
-    if args.out:
-        name = cuda.get_current_device().name
-        gpu = name.decode() if isinstance(name, bytes) else str(name)
-        with open(args.out, "a") as fh:
-            for r in rows:
-                fh.write(json.dumps({"gpu": gpu, **r}) + "\n")
+    append_jsonl(args.out, rows, gpu=gpu_name())
 
 
 if __name__ == "__main__":

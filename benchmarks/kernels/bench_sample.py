@@ -11,14 +11,13 @@ parameter buffer advances on every replay, so each replay draws a new u. The emb
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
 from ninfer_numba.kernels.embed import embed_gather_q8
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.sample.device import SampleWorkspace, argmax, pack_sample_params, sample
-from benchmarks.timing import time_graph
+from benchmarks.timing import append_jsonl, time_graph
 
 COPY_GBS = 4250.0
 SAMPLE_CFGS = {
@@ -78,10 +77,7 @@ def main(argv=None) -> None:
     for r in rows:
         tail = f"{r['gbs']:8.0f} {r['pct']:10.1f}%" if "gbs" in r else f"{'':8s} {r['target_us']:9.0f}µs"
         print(f"{r['kernel']:34s} {r['shape']:14s} {r['us']:8.2f} {tail}")
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

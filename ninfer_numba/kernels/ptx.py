@@ -81,11 +81,17 @@ def void_intrinsic(text: str):
         sig = types.void()
 
         def codegen(context, builder, sig, args):
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
-            builder.call(fn, [])
-            return context.get_dummy_value()
+            return asm_void(context, builder, [], text, "~{memory}", [])
         return sig, codegen
     return op
+
+
+def asm_void(context, builder, in_ir: list, asm: str, constraints: str, operands: list):
+    """Emit inline PTX with no outputs and side effects (stores, copies, fences), and give back numba's
+    void value: the codegen tail of every store-like intrinsic here."""
+    fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), in_ir), asm, constraints, side_effect=True)
+    builder.call(fn, operands)
+    return context.get_dummy_value()
 
 
 def asm_tuple(context, builder, ret, out_ir: list, in_ir: list, asm: str, constraints: str, operands: list,
@@ -193,10 +199,8 @@ def _make_intrinsics():
             # cp.async wants a 32-bit shared-window address: convert the generic pointer, then truncate
             to_shared = ir.InlineAsm(ir.FunctionType(_I64, [_I64]), "cvta.to.shared.u64 $0, $1;", "=l,l")
             s_addr = builder.trunc(builder.call(to_shared, [s_generic]), _I32)
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _I64]),
-                              "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", side_effect=True)
-            builder.call(fn, [s_addr, g_addr])
-            return context.get_dummy_value()
+            return asm_void(context, builder, [_I32, _I64], "cp.async.cg.shared.global [$0], [$1], 16;",
+                            "r,l,~{memory}", [s_addr, g_addr])
         return sig, codegen
 
     cp_async_commit = void_intrinsic("cp.async.commit_group;")
@@ -253,8 +257,7 @@ def _make_intrinsics():
         def call(typingctx):
             def codegen(context, builder, sig, args):
                 if tuple(cuda.get_current_device().compute_capability) >= (9, 0):
-                    fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), asm, "~{memory}", side_effect=True)
-                    builder.call(fn, [])
+                    return asm_void(context, builder, [], asm, "~{memory}", [])
                 return context.get_dummy_value()
             return types.void(), codegen
         return call

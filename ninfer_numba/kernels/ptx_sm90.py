@@ -48,7 +48,7 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _element_address, asm_tuple, shared_address, void_intrinsic
+from ninfer_numba.kernels.ptx import _element_address, asm_tuple, asm_void, shared_address, void_intrinsic
 from ninfer_numba.kernels.ptx_sim import _host_view, _warp_collective
 
 _I32 = ir.IntType(32)
@@ -164,10 +164,8 @@ def _make_intrinsics():
         def codegen(context, builder, sig, args):
             addr = _smem_at(context, builder, sig, args, 0, 1)
             words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32] * 5), "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
-                              "r,r,r,r,r,~{memory}", side_effect=True)
-            builder.call(fn, [addr] + words)
-            return context.get_dummy_value()
+            return asm_void(context, builder, [_I32] * 5, "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
+                            "r,r,r,r,r,~{memory}", [addr] + words)
         return sig, codegen
 
     @intrinsic
@@ -177,10 +175,8 @@ def _make_intrinsics():
         def codegen(context, builder, sig, args):
             addr = _smem_at(context, builder, sig, args, 0, 1)
             gaddr = _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _I64]), "cp.async.cg.shared.global [$0], [$1], 16;",
-                              "r,l,~{memory}", side_effect=True)
-            builder.call(fn, [addr, gaddr])
-            return context.get_dummy_value()
+            return asm_void(context, builder, [_I32, _I64], "cp.async.cg.shared.global [$0], [$1], 16;",
+                            "r,l,~{memory}", [addr, gaddr])
         return sig, codegen
 
     @intrinsic
@@ -201,10 +197,8 @@ def _make_intrinsics():
         def codegen(context, builder, sig, args):
             addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
             vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], sig.args[2:])]
-            fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64] + [_F32] * 4),
-                              "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f,~{memory}", side_effect=True)
-            builder.call(fn, [addr] + vals)
-            return context.get_dummy_value()
+            return asm_void(context, builder, [_I64] + [_F32] * 4, "st.global.v4.f32 [$0], {$1, $2, $3, $4};",
+                            "l,f,f,f,f,~{memory}", [addr] + vals)
         return sig, codegen
 
     @intrinsic
