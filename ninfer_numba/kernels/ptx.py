@@ -33,6 +33,8 @@ live Python threads (``BlockThread`` with ``_manager`` and ``thread_id``), so ca
 of a warp converged, exactly as the hardware requires, and with a block size that is a multiple of 32.
 cp.async is synchronous there (commit/wait do nothing), which keeps any correctly fenced kernel correct.
 """
+import inspect
+
 from llvmlite import ir
 from numba import types
 
@@ -102,6 +104,29 @@ def asm_tuple(context, builder, ret, out_ir: list, in_ir: list, asm: str, constr
                       side_effect=side_effect)
     res = builder.call(fn, operands)
     return context.make_tuple(builder, ret, [builder.extract_value(res, i) for i in range(len(out_ir))])
+
+
+def asm_intrinsic(n_args: int, ret, in_ir: list, asm: str, constraints: str, operands, out_ir: list = (),
+                  side_effect: bool = True):
+    """An intrinsic of ``n_args`` arguments whose code is one inline-PTX statement. ``operands(context,
+    builder, sig, args)`` gives the statement's input values (addresses, casts); ``ret`` is ``types.void``
+    (a store or copy: asm_void) or a tuple type of the outputs ``out_ir`` (asm_tuple)."""
+    from numba.cuda.extending import intrinsic
+
+    def op(typingctx, *args):
+        if len(args) != n_args:
+            return None
+
+        def codegen(context, builder, sig, args):
+            vals = operands(context, builder, sig, args)
+            if ret == types.void:
+                return asm_void(context, builder, in_ir, asm, constraints, vals)
+            return asm_tuple(context, builder, ret, out_ir, in_ir, asm, constraints, vals, side_effect)
+        return ret(*args), codegen
+    # numba lowers a call through the definition's Python signature, where *args would mean one tuple
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    op.__signature__ = inspect.Signature([inspect.Parameter(f"a{i}", positional) for i in range(n_args + 1)])
+    return intrinsic(op)
 
 
 def mma_sync_f32_intrinsic(shape_types: str):

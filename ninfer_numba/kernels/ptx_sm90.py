@@ -48,7 +48,7 @@ from llvmlite import ir
 from numba import types
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import _element_address, asm_tuple, asm_void, shared_address, void_intrinsic
+from ninfer_numba.kernels.ptx import _element_address, asm_intrinsic, shared_address, void_intrinsic
 from ninfer_numba.kernels.ptx_sim import _host_view, _warp_collective
 
 _I32 = ir.IntType(32)
@@ -157,69 +157,42 @@ def _make_intrinsics():
             return shared_address(context, builder, sig.args[0], args[0])
         return sig, codegen
 
-    @intrinsic
-    def st_shared_v4(typingctx, smem, byte, w0, w1, w2, w3):
-        sig = types.void(smem, byte, w0, w1, w2, w3)
+    def smem_and_u32s(context, builder, sig, args):       # (smem, byte, words...) -> shared address, words
+        addr = _smem_at(context, builder, sig, args, 0, 1)
+        return [addr] + [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
 
-        def codegen(context, builder, sig, args):
-            addr = _smem_at(context, builder, sig, args, 0, 1)
-            words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
-            return asm_void(context, builder, [_I32] * 5, "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
-                            "r,r,r,r,r,~{memory}", [addr] + words)
-        return sig, codegen
+    def smem_and_global(context, builder, sig, args):     # (smem, byte, gmem, gidx) -> both addresses
+        return [_smem_at(context, builder, sig, args, 0, 1),
+                _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])]
 
-    @intrinsic
-    def cp_async_16b(typingctx, smem, byte, gmem, gidx):
-        sig = types.void(smem, byte, gmem, gidx)
+    def global_and_f32s(context, builder, sig, args):     # (arr, idx, values...) -> address, float32 values
+        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        return [addr] + [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], sig.args[2:])]
 
-        def codegen(context, builder, sig, args):
-            addr = _smem_at(context, builder, sig, args, 0, 1)
-            gaddr = _element_address(context, builder, sig.args[2], args[2], args[3], sig.args[3])
-            return asm_void(context, builder, [_I32, _I64], "cp.async.cg.shared.global [$0], [$1], 16;",
-                            "r,l,~{memory}", [addr, gaddr])
-        return sig, codegen
+    def u32s(context, builder, sig, args):
+        return [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
 
-    @intrinsic
-    def ld_shared_v4_f32(typingctx, smem, byte):
-        ret = types.UniTuple(types.float32, 4)
-        sig = ret(smem, byte)
-
-        def codegen(context, builder, sig, args):
-            addr = _smem_at(context, builder, sig, args, 0, 1)
-            return asm_tuple(context, builder, ret, [_F32] * 4, [_I32], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
-                             "=f,=f,=f,=f,r,~{memory}", [addr], side_effect=True)
-        return sig, codegen
-
-    @intrinsic
-    def st_global_v4_f32(typingctx, arr, idx, v0, v1, v2, v3):
-        sig = types.void(arr, idx, v0, v1, v2, v3)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], sig.args[2:])]
-            return asm_void(context, builder, [_I64] + [_F32] * 4, "st.global.v4.f32 [$0], {$1, $2, $3, $4};",
-                            "l,f,f,f,f,~{memory}", [addr] + vals)
-        return sig, codegen
-
-    @intrinsic
-    def dequant_i8x4(typingctx, word, scale2):
-        ret = types.UniTuple(types.uint32, 2)
-        sig = ret(word, scale2)
-
-        def codegen(context, builder, sig, args):
-            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            # .rn on sub and mul keeps ptxas from contracting them into one fma (which would round differently)
-            asm = ("{\n.reg .b32 t, l, h, bias;\n"
-                   "mov.b32 bias, 0x64806480;\n"
-                   "xor.b32 t, $2, 0x80808080;\n"
-                   "prmt.b32 l, t, 0x64646464, 0x4140;\n"
-                   "prmt.b32 h, t, 0x64646464, 0x4342;\n"
-                   "sub.rn.f16x2 l, l, bias;\n"
-                   "sub.rn.f16x2 h, h, bias;\n"
-                   "mul.rn.f16x2 $0, l, $3;\n"
-                   "mul.rn.f16x2 $1, h, $3;\n}")
-            return asm_tuple(context, builder, ret, [_I32] * 2, [_I32] * 2, asm, "=r,=r,r,r", vals)
-        return sig, codegen
+    st_shared_v4 = asm_intrinsic(6, types.void, [_I32] * 5, "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
+                                 "r,r,r,r,r,~{memory}", smem_and_u32s)
+    cp_async_16b = asm_intrinsic(4, types.void, [_I32, _I64], "cp.async.cg.shared.global [$0], [$1], 16;",
+                                 "r,l,~{memory}", smem_and_global)
+    ld_shared_v4_f32 = asm_intrinsic(2, types.UniTuple(types.float32, 4), [_I32],
+                                     "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                                     smem_and_u32s, out_ir=[_F32] * 4)
+    st_global_v4_f32 = asm_intrinsic(6, types.void, [_I64] + [_F32] * 4, "st.global.v4.f32 [$0], {$1, $2, $3, $4};",
+                                     "l,f,f,f,f,~{memory}", global_and_f32s)
+    # .rn on sub and mul keeps ptxas from contracting them into one fma (which would round differently)
+    dequant_i8x4 = asm_intrinsic(2, types.UniTuple(types.uint32, 2), [_I32] * 2,
+                                 "{\n.reg .b32 t, l, h, bias;\n"
+                                 "mov.b32 bias, 0x64806480;\n"
+                                 "xor.b32 t, $2, 0x80808080;\n"
+                                 "prmt.b32 l, t, 0x64646464, 0x4140;\n"
+                                 "prmt.b32 h, t, 0x64646464, 0x4342;\n"
+                                 "sub.rn.f16x2 l, l, bias;\n"
+                                 "sub.rn.f16x2 h, h, bias;\n"
+                                 "mul.rn.f16x2 $0, l, $3;\n"
+                                 "mul.rn.f16x2 $1, h, $3;\n}", "=r,=r,r,r", u32s, out_ir=[_I32] * 2,
+                                 side_effect=False)
 
     return (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
             fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32,
