@@ -29,7 +29,7 @@ from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
 from ninfer_numba.kernels.flash_attn.prefill_mma import attention_prefill_mma, supports_shape
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.kernels.gdn.chunk import gdn_prefill, shared_workspace
-from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
+from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync
 from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
@@ -90,7 +90,7 @@ class Qwen35Gpu:
                                         stream=stream)
         self.next_token = cuda.device_array(1, np.int32, stream=stream)
         self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
-        self.gdn_sync = make_decode_sync_counts(c.ssm_groups, stream=stream)
+        self.gdn_sync = make_decode_sync(c.ssm_groups, stream=stream)
         self.gdn_ws = shared_workspace(engine.prefill_chunk, c.ssm_groups, c.ssm_heads, c.ssm_state, stream)
         # fp16 tensor-core prefill attention on sm_80+ (20-30x the float32 kernel); float32 kernel elsewhere
         cc = (0, 0) if SIMULATOR else cuda.get_current_device().compute_capability
