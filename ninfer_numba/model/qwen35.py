@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_numba.config import EngineConfig, ModelConfig
-from ninfer_numba.engine.cache import SequenceState, SlotStates
+from ninfer_numba.engine.cache import SequenceState, SlotRows, SlotStates
 from ninfer_numba.kernels import position
 from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.embed import embed_gather_q8
@@ -116,14 +116,12 @@ class Qwen35Gpu:
         """A sequence's device memory in this model's KV format."""
         return SequenceState(self.c, max_seq, self.stream, self.kv_type, self.layer_range)
 
-    def new_slots(self, n_slots: int, max_seq: int, batch: int) -> SlotStates:
-        """n_slots sequences' device memory for batched decode steps of ``batch`` rows (f16 KV cache;
-        forward(batch, slots) steps the rows set by slots.set_rows)."""
+    def new_slots(self, n_slots: int, max_seq: int) -> SlotStates:
+        """n_slots sequences' device memory for batched decode steps (f16 KV cache): forward(B, rows) with
+        rows = slots.rows(B), B <= min(16, prefill_chunk), steps the slots set by rows.set_rows."""
         if self.kv_type != "f16":
             raise ValueError(f"batched decode runs on the f16 KV cache, not {self.kv_type!r}")
-        if batch > min(self.buf.t_max, MAX_ROWS):
-            raise ValueError(f"a batch of {batch} rows: at most {MAX_ROWS}, and prefill_chunk >= {batch}")
-        return SlotStates(self.c, n_slots, max_seq, batch, self.stream, self.layer_range)
+        return SlotStates(self.c, n_slots, max_seq, self.stream, self.layer_range)
 
     # -- activations and matmuls --------------------------------------------------------------------
     def uses_f16_activations(self, t: int) -> bool:
@@ -187,8 +185,11 @@ class Qwen35Gpu:
         i = n_layer, "head"). Eager forwards only (never under graph capture)."""
         seen = act_tap or (lambda i, point, q, d: None)
         c, b, s = self.c, self.buf, self.stream
-        # st a SlotStates: a batched decode step, row r one token of the sequence in slot st.slots[r]
-        self._rows_step = isinstance(st, SlotStates)
+        # st a SlotRows: a batched decode step, row r one token of the sequence in slot st.slots[r]
+        self._rows_step = isinstance(st, SlotRows)
+        if self._rows_step and not (t == st.batch <= min(MAX_ROWS, b.t_max)):
+            raise ValueError(f"a batched step of {t} rows over a {st.batch}-row batch (at most "
+                             f"{min(MAX_ROWS, b.t_max)})")
         step = 1 if self._rows_step else t                 # tokens each sequence gains
         position.set_kv_len(st.pos, st.kv_len, step, stream=s)
         x = b.mat(b.x, t, c.n_embd)

@@ -1,4 +1,4 @@
-"""A batched decode step (Qwen35Gpu.forward over SlotStates, issue 17) against one-sequence decode steps.
+"""A batched decode step (Qwen35Gpu.forward over SlotStates' rows, issue 17) against one-sequence decode steps.
 
 Three sequences prefilled into slots 2, 0 and 3 of four (through each slot's SequenceState view), then one
 forward steps all three rows: each row's logits must match the same sequence's ordinary decode step (the
@@ -31,20 +31,33 @@ def test_batched_step_equals_single_steps(tmp_path):
         first = runner.decode(t0)
         second = runner.decode(int(np.argmax(first)))
         want.append((t0, first, second))
-    slots = model.new_slots(4, llm.max_seq, batch=3)
+    slots = model.new_slots(4, llm.max_seq)
     for s, p in zip(slot_of, prompts):
         view = slots.view(s)
         model.buf.tokens[:len(p)].copy_to_device(np.array(p, np.int32), stream=model.stream)
         model.forward(len(p), view)
         slots.adopt(s, view)
-    slots.set_rows(slot_of, model.stream)
+    rows = slots.rows(3)
+    rows.set_rows(slot_of)
     toks = [w[0] for w in want]
     for step in (1, 2):
         model.buf.tokens[:3].copy_to_device(np.array(toks, np.int32), stream=model.stream)
-        model.forward(3, slots, logits_rows=3)
+        model.forward(3, rows, logits_rows=3)
         got = model.logits[:3].copy_to_host(stream=model.stream)
         for r, w in enumerate(want):
             assert _rel(got[r], w[step]) < 1e-4, (step, r, _rel(got[r], w[step]))
             assert int(np.argmax(got[r])) == int(np.argmax(w[step]))
         toks = [int(np.argmax(g)) for g in got]
     assert [slots.host_pos[s] for s in slot_of] == [len(p) + 2 for p in prompts]
+
+
+def test_slot_rows_check_their_slots():
+    """set_rows takes B distinct slots in range (host-side: no kernel runs)."""
+    from types import SimpleNamespace
+
+    from ninfer_numba.engine.cache import SlotRows
+    rows = SlotRows.__new__(SlotRows)
+    rows.batch, rows.states = 2, SimpleNamespace(n_slots=3)
+    for bad in ([0], [0, 0], [1, 3]):
+        with pytest.raises(ValueError, match="distinct slots"):
+            rows.set_rows(bad)
