@@ -177,7 +177,7 @@ batched_check)
     ( cd "$tree" && timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only $only \
         --prefill-lengths 8192
       timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode ) > "$OUT/logs/bench_$tag.log" 2>&1
-    say "bench_gdn $only, bench_attn decode, tree $tree:"; grep -v "^WARNING" "$OUT/logs/bench_$tag.log" | grep -E "^ *\|? *[a-z_]" | head -40
+    say "bench_gdn $only, bench_attn decode, tree $tree:"; grep -v "^WARNING" "$OUT/logs/bench_$tag.log" | tail -30
   done
   timeout $(left) python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows --out "$OUT/logs/gemm.jsonl" \
     > "$OUT/logs/bench_gemm.log" 2>&1
