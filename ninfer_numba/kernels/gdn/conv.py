@@ -27,8 +27,9 @@ from ninfer_numba.kernels.ptx import shfl_xor_f32
 
 TPB = 128          # threads per block: channels
 BT_CONV = 32       # tokens per block; the K-1 token halo is re-read per block (3/32 overhead at K = 4)
-NLOAD = 8          # tokens loaded before any is used, so several loads are in flight per thread (one at a
-                   # time ran at half the copy bandwidth: 255 us for 0.54 GB at 9B / 8K)
+NLOAD = 4          # tokens loaded before any is used, so several loads are in flight per thread (one at a
+                   # time ran at half the copy bandwidth: 255 us for 0.54 GB at 9B / 8K). 8 took 96
+                   # registers (5 blocks per SM, 204 us, DRAM 46 %); 4 takes 61 (8 blocks per SM)
 float16 = types.float16
 
 
@@ -59,8 +60,9 @@ def _conv_silu_norm_kernel(K: int, S: int, QK: int):
     def group_sums(r_sq, lane):
         """The sums over the lane group of r_sq[0..NLOAD) (each lane's squares of NLOAD tokens), returned in
         r_sq[0]: lane l gets token (l % LANES) // TOK_LANES. Each splitting step sends half the values and
-        keeps the other half (4 + 2 + 1 shuffles), then the rest is a plain butterfly: 9 shuffles for 8
-        tokens where one butterfly a token is 40, and the same sums bit for bit (the same pairs are added)."""
+        keeps the other half (at NLOAD 4: 2 + 1 shuffles), then the rest is a plain butterfly: 6 shuffles for
+        4 tokens at 32 lanes where one butterfly a token is 20, and the same sums bit for bit (the same pairs
+        are added)."""
         half = NLOAD // 2
         m = LANES // 2
         for _ in range(SPLITS):
