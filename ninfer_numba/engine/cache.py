@@ -79,6 +79,15 @@ class SlotStates:
                                                 stream=stream)
         self.host_pos = [0] * n_slots
         self._rows: dict[int, SlotRows] = {}
+        for s in range(n_slots):                      # device_array is uninitialised: every slot starts empty
+            self.reset(s)
+
+    def reset(self, s: int) -> None:
+        """Empty slot s for a new sequence: zero its GDN conv and recurrent states and its position (its KV
+        rows beyond the position are never read)."""
+        for a in list(self.conv.values()) + list(self.ssm.values()):
+            position.fill_zero(a[s].reshape(-1), stream=self.stream)
+        self.host_pos[s] = 0
 
     def rows(self, batch: int) -> "SlotRows":
         """The B-row batch over these slots (allocated once per B)."""
