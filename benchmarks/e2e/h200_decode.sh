@@ -23,6 +23,12 @@
 #   STAGE=branches: every GPU test the waiting branches touch (coded caches, engine, server, shards) in 8
 #               processes while two 9B files build; then decode_profile (depth 0, 8192) and bench_attn's
 #               decode rows, each step given what is left of a 570 s budget
+#   STAGE=batched_check: the batched decode's GPU tests (B-row GEMV, GDN step, split-K attention, rope store,
+#               the whole model's batched step); bench_gemm's gemv and rows; bench_gdn decode and stages and
+#               bench_attn decode of .cache/ab_base (main), .cache/ab_other (a second branch) and this tree
+#   STAGE=rows_shards: the batched decode's and the shards' GPU tests, bench_gdn's decode rows, then
+#               shard_bridge on the 9b file (issue 15) and structured_output's grammar cost on the 9b file with
+#               the vocabulary (issue 18), each given what is left of a 570 s budget
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -159,6 +165,48 @@ kvq_ncu)
     python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/kvq_${k}_sass.csv" --top 25 | cut -c1-200
   done
   rm -f "$OUT"/logs/*.ncu-rep
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+batched_check)
+  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
+  timeout 240 python3 -m pytest -q -n 12 -m gpu tests/kernels/test_gemv_rows.py tests/kernels/test_gdn_decode.py \
+    tests/kernels/test_flash_attn_decode.py tests/kernels/test_rope_kernel.py tests/model/test_batched_decode.py \
+    tests/kernels/test_gemv_q8.py -p no:cacheprovider --durations=6 > "$OUT/logs/test_batched_gpu.log" 2>&1
+  say "batched decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_batched_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_batched_gpu.log" | cut -c1-300 | head -20
+  for tree in .cache/ab_base .cache/ab_other .; do
+    [ -d "$tree/ninfer_numba" ] || continue
+    tag=$(basename "$tree"); only=decode,stages; [ "$tree" = . ] && only=decode
+    ( cd "$tree" && timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only $only \
+        --prefill-lengths 8192
+      timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode ) > "$OUT/logs/bench_$tag.log" 2>&1
+    say "bench_gdn $only, bench_attn decode, tree $tree:"; grep -v "^WARNING" "$OUT/logs/bench_$tag.log" | tail -30
+  done
+  timeout $(left) python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows --out "$OUT/logs/gemm.jsonl" \
+    > "$OUT/logs/bench_gemm.log" 2>&1
+  say "bench_gemm 9b gemv, rows (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gemm.log" | tail -40
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+rows_shards)
+  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
+  ( python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
+    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf ) > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 200 python3 -m pytest -q -n 8 -m "gpu or cudasim" tests/model/test_batched_decode.py \
+    tests/kernels/test_gdn_decode.py tests/kernels/test_pdl.py tests/kernels/test_kernel_cache.py \
+    tests/engine/test_slot_states.py tests/engine/test_sharded_runner.py tests/engine/test_shard_plan.py \
+    -p no:cacheprovider --durations=6 > "$OUT/logs/test_rows_shards_gpu.log" 2>&1
+  say "batched decode and shard GPU tests (exit $?): $(tail -1 "$OUT/logs/test_rows_shards_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_rows_shards_gpu.log" | cut -c1-300 | head -20
+  timeout 60 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only decode > "$OUT/logs/bench_gdn.log" 2>&1
+  say "bench_gdn decode (exit $?):"; grep gdn_decode "$OUT/logs/bench_gdn.log"
+  wait $gen
+  timeout $(( $(left) > 280 ? $(left) - 150 : $(left) )) python3 -m benchmarks.e2e.shard_bridge \
+    --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
+  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -16
+  timeout $(left) python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda \
+    -n 20 > "$OUT/logs/structured_9b.log" 2>&1
+  say "structured output (exit $?):"; grep -v "^WARNING" "$OUT/logs/structured_9b.log" | tail -8
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 esac

@@ -25,7 +25,7 @@ from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.chunk_intra_mma import launch_chunk_intra_mma
 from ninfer_numba.kernels.gdn.chunk_state_f16 import launch_chunk_state_f16
 from ninfer_numba.kernels.gdn.conv import conv_silu_norm_prefill
-from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
+from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, to_f16
 from benchmarks.timing import append_jsonl, gpu_name, time_graph
@@ -59,7 +59,7 @@ def bench_decode(Hk, Hv, S, n_layers, rng):
     states = [cuda.to_device((rng.standard_normal((Hv, S, S)) * 0.1).astype(np.float32))
               for _ in range(n_copies)]
     y = cuda.device_array(Hv * S, np.float32)
-    counts = make_decode_sync_counts(Hk)
+    sync = make_decode_sync(Hk)
     proj = inp["proj"].reshape(-1)
     it = {"i": 0}
 
@@ -67,7 +67,7 @@ def bench_decode(Hk, Hv, S, n_layers, rng):
         st = states[it["i"] % n_copies]
         it["i"] += 1
         gdn_decode_step(proj, inp["conv_w"], inp["conv_state"], inp["ssm_a"], inp["dt_bias"], inp["norm_w"],
-                        st, y, counts, Hk, EPS, stream=stream, normalize=False)  # the model's launch
+                        st, y, sync, Hk, EPS, stream=stream, normalize=False)  # the model's launch
 
     ms = time_graph(launch, n_inner=n_copies, reps=20).median_ms
     C = 2 * Hk * S + Hv * S

@@ -21,6 +21,7 @@ import numpy as np
 
 from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemv import gemv_q8
+from ninfer_numba.kernels.q8.gemv_rows import gemv_rows_q8
 from ninfer_numba.kernels.numba_env import cuda
 from ninfer_numba.kernels.q8.quant_act import rmsnorm_quant, silu_mul_quant
 from benchmarks.timing import append_jsonl, gpu_name, time_graph
@@ -53,8 +54,8 @@ def _activation(rng, m, k):
     return xq, xs
 
 
-def _gemv_bytes(n, k):
-    return n * k + n * (k // 32) * 2 + k + (k // 32) * 4 + n * 4
+def _gemv_bytes(n, k, m=1):
+    return n * k + n * (k // 32) * 2 + m * (k + (k // 32) * 4 + n * 4)
 
 
 def gemv_shapes(c):
@@ -62,26 +63,47 @@ def gemv_shapes(c):
             ("attn in", c["attn_in"], c["E"]), ("mixer out", c["E"], c["mixer_out"]), ("output", c["vocab"], c["E"])]
 
 
+def _time_gemv(rng, n, k, m, product) -> float:
+    """ms per call of product(wq, ws, xq, xs, out, stream) on m activation rows, rotating over enough weight
+    copies that they never sit in L2."""
+    copies = max(4, math.ceil(3 * L2_BYTES / _gemv_bytes(n, k, m)) + 1)
+    mats = [_q8_matrix(n, k) for _ in range(copies)]
+    xq, xs = _activation(rng, m, k)
+    out = _zeros((m, n), np.float32)
+    state = {"i": 0}
+
+    def launch(stream):
+        wq, ws = mats[state["i"] % copies]
+        state["i"] += 1
+        product(wq, ws, xq, xs, out, stream)
+
+    return time_graph(launch, n_inner=4 * copies, reps=10).median_ms
+
+
+def _gemv_row(kernel, shape, nbytes, flops, ms):
+    gbs = nbytes / ms / 1e6
+    return dict(kernel=kernel, shape=shape, us=ms * 1e3, GBs=gbs, TOPS=flops / ms / 1e9, pct=100 * gbs / COPY_GBS,
+                ceiling="copy 4.25 TB/s")
+
+
 def bench_gemv(c, rng):
     rows = []
     for name, n, k in gemv_shapes(c):
-        nbytes = _gemv_bytes(n, k)
-        copies = max(4, math.ceil(3 * L2_BYTES / nbytes) + 1)
-        mats = [_q8_matrix(n, k) for _ in range(copies)]
-        xq, xs = _activation(rng, 1, k)
-        out = _zeros(n, np.float32)
-        state = {"i": 0}
+        ms = _time_gemv(rng, n, k, 1, lambda wq, ws, xq, xs, out, s: gemv_q8(wq, ws, xq, xs, out, stream=s))
+        rows.append(_gemv_row("gemv_q8", f"{name} {n}x{k}", _gemv_bytes(n, k), 2 * n * k, ms))
+    return rows
 
-        def launch(stream):
-            wq, ws = mats[state["i"] % copies]
-            state["i"] += 1
-            gemv_q8(wq, ws, xq, xs, out, stream=stream)
 
-        ms = time_graph(launch, n_inner=4 * copies, reps=10).median_ms
-        gbs = nbytes / ms / 1e6
-        rows.append(dict(kernel="gemv_q8", shape=f"{name} {n}x{k}", us=ms * 1e3, GBs=gbs,
-                         TOPS=2 * n * k / ms / 1e9, pct=100 * gbs / COPY_GBS, ceiling="copy 4.25 TB/s"))
-        del mats
+def bench_gemv_rows(c, rng, batches=(1, 2, 4, 8, 16)):
+    """The batched decode GEMV (q8/gemv_rows.py) at B active rows beside the single-row GEMV on each shape:
+    a weight-bound kernel should cost about the same at any B (the `x single` column)."""
+    rows = []
+    for name, n, k in gemv_shapes(c):
+        single = _time_gemv(rng, n, k, 1, lambda wq, ws, xq, xs, out, s: gemv_q8(wq, ws, xq, xs, out, stream=s))
+        for b in batches:
+            ms = _time_gemv(rng, n, k, b, lambda wq, ws, xq, xs, out, s: gemv_rows_q8(wq, ws, xq, xs, out, stream=s))
+            row = _gemv_row(f"gemv_rows_q8 B{b}", f"{name} {n}x{k}", _gemv_bytes(n, k, b), 2 * b * n * k, ms)
+            rows.append(dict(row, batch=b, x_single=ms / single))
     return rows
 
 
@@ -133,13 +155,14 @@ def _print(rows):
     for r in rows:
         gbs = f"{r['GBs']:.0f}" if "GBs" in r else "-"
         tops = f"{r['TOPS']:.1f}" if "TOPS" in r else "-"
-        print(f"{r['kernel']:<22} {r['shape']:<34} {r['us']:>10.1f} {gbs:>8} {tops:>8} {r['pct']:>6.1f}%  {r['ceiling']}")
+        rel = f"  {r['x_single']:.2f}x single" if "x_single" in r else ""
+        print(f"{r['kernel']:<22} {r['shape']:<34} {r['us']:>10.1f} {gbs:>8} {tops:>8} {r['pct']:>6.1f}%  {r['ceiling']}{rel}")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="9b")
-    ap.add_argument("--only", default="gemv,step,quant")
+    ap.add_argument("--only", default="gemv,step,quant", help="comma list of gemv, rows, step, quant")
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args(argv)
     c = MODELS[args.model]
@@ -148,6 +171,8 @@ def main(argv=None) -> None:
     rows = []
     if "gemv" in parts:
         rows += bench_gemv(c, rng)
+    if "rows" in parts:
+        rows += bench_gemv_rows(c, rng)
     if "step" in parts:
         rows += bench_decode_step(c, rng)
     if "quant" in parts:

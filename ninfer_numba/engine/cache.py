@@ -56,3 +56,98 @@ class SequenceState:
             position.fill_zero(a.reshape(-1), stream=stream)
         position.set_position(self.pos, 0, stream=stream)
         self.host_pos = 0
+
+
+class SlotStates:
+    """Device memory of n_slots sequences for batched decode steps, in the f16 KV format: per attention layer
+    K and V slabs [n_slots·Hkv, max_seq, d] (slot s holds heads [s·Hkv, (s+1)·Hkv)), per GDN layer conv
+    [n_slots, K-1, C] and recurrent [n_slots, Hv, S, S] slabs, and each slot's position on the host.
+    ``rows(B)`` is the batch of B rows a forward steps (one per batch size: each its own captured graph);
+    ``view(s)`` is slot s as a SequenceState (the prefill path and snapshots run on it)."""
+
+    def __init__(self, c: ModelConfig, n_slots: int, max_seq: int, stream, layers: range | None = None):
+        self.c, self.n_slots, self.max_seq, self.stream = c, n_slots, max_seq, stream
+        self.k_cache, self.v_cache, self.conv, self.ssm = {}, {}, {}, {}
+        for i in range(c.n_layer) if layers is None else layers:
+            if c.is_attention_layer(i):
+                rows = (n_slots * c.n_head_kv, max_seq, c.head_dim)
+                self.k_cache[i] = cuda.device_array(rows, np.float16, stream=stream)
+                self.v_cache[i] = cuda.device_array(rows, np.float16, stream=stream)
+            else:
+                self.conv[i] = cuda.device_array((n_slots, c.conv_kernel - 1, c.conv_dim), np.float32, stream=stream)
+                self.ssm[i] = cuda.device_array((n_slots, c.ssm_heads, c.ssm_state, c.ssm_state), np.float32,
+                                                stream=stream)
+        self.host_pos = [0] * n_slots
+        self._rows: dict[int, SlotRows] = {}
+        for s in range(n_slots):                      # device_array is uninitialised: every slot starts empty
+            self.reset(s)
+
+    def reset(self, s: int) -> None:
+        """Empty slot s for a new sequence: zero its GDN conv and recurrent states and its position (its KV
+        rows beyond the position are never read)."""
+        for a in list(self.conv.values()) + list(self.ssm.values()):
+            position.fill_zero(a[s].reshape(-1), stream=self.stream)
+        self.host_pos[s] = 0
+
+    def rows(self, batch: int) -> "SlotRows":
+        """The B-row batch over these slots (allocated once per B)."""
+        if batch not in self._rows:
+            if not 1 <= batch <= self.n_slots:
+                raise ValueError(f"a batch of {batch} rows over {self.n_slots} slots")
+            self._rows[batch] = SlotRows(self, batch)
+        return self._rows[batch]
+
+    def view(self, s: int) -> SequenceState:
+        """Slot s as a SequenceState over the slabs' memory, with its own position counters (hand it back
+        with ``adopt`` after running it, so the next set_rows starts the slot where it stopped)."""
+        st = SequenceState.__new__(SequenceState)
+        h = slice(s * self.c.n_head_kv, (s + 1) * self.c.n_head_kv)
+        st.max_seq, st.kvq, st.host_pos = self.max_seq, {}, self.host_pos[s]
+        st.k_cache = {i: a[h] for i, a in self.k_cache.items()}
+        st.v_cache = {i: a[h] for i, a in self.v_cache.items()}
+        st.conv = {i: a[s] for i, a in self.conv.items()}
+        st.ssm = {i: a[s] for i, a in self.ssm.items()}
+        st.pos = cuda.to_device(np.array([self.host_pos[s]], np.int32), stream=self.stream)
+        st.kv_len = cuda.device_array(1, np.int32, stream=self.stream)
+        return st
+
+    def adopt(self, s: int, view: SequenceState) -> None:
+        """Take the position a view of slot s reached (a prefill on it)."""
+        self.host_pos[s] = view.host_pos
+
+
+class SlotRows:
+    """B rows of a batched decode step over SlotStates: the slabs (as a forward reads a state's caches), the
+    row -> slot table, positions and kv_len [B], and the decode scratch of B rows sharing the table. One
+    captured step serves any set of active slots, written by ``set_rows``."""
+
+    def __init__(self, slots: SlotStates, batch: int):
+        from ninfer_numba.kernels.flash_attn.decode import alloc_decode_workspace
+        from ninfer_numba.kernels.gdn.recurrent import DecodeSync
+        c, stream = slots.c, slots.stream
+        self.states, self.batch = slots, batch
+        self.k_cache, self.v_cache, self.conv, self.ssm = slots.k_cache, slots.v_cache, slots.conv, slots.ssm
+        self.kvq: dict = {}
+        self.slots = cuda.to_device(np.arange(batch, dtype=np.int32), stream=stream)      # [B] row -> slot
+        self.pos = cuda.to_device(np.zeros(batch, np.int32), stream=stream)               # [B] tokens cached
+        self.kv_len = cuda.device_array(batch, np.int32, stream=stream)                   # [B] pos + 1
+        ws = alloc_decode_workspace(c.n_head, c.head_dim, batch=batch)
+        self.attn_ws = type(ws)(ws.part_o, ws.part_ml, self.slots)                        # rows share slots
+        self.gdn_sync = DecodeSync(cuda.to_device(np.zeros((batch, c.ssm_groups), np.int32), stream=stream),
+                                   self.slots)
+        self.active = list(range(batch))
+
+    def set_rows(self, slots: list[int]) -> None:
+        """Make row b step slot slots[b] from the position its last forward left (host-side bookkeeping)."""
+        n = self.states.n_slots
+        if len(slots) != self.batch or len(set(slots)) != len(slots) or not all(0 <= s < n for s in slots):
+            raise ValueError(f"{self.batch} rows need as many distinct slots in [0, {n}), got {slots}")
+        stream = self.states.stream
+        self.slots.copy_to_device(np.array(slots, np.int32), stream=stream)
+        self.pos.copy_to_device(np.array([self.states.host_pos[s] for s in slots], np.int32), stream=stream)
+        self.active = list(slots)
+
+    def stepped(self) -> None:
+        """Host bookkeeping after a batched forward: every active slot holds one more token."""
+        for s in self.active:
+            self.states.host_pos[s] += 1

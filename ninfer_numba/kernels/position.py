@@ -2,7 +2,8 @@
 
 A CUDA graph bakes kernel arguments in, so the decode step cannot take its position as a Python int. The
 sequence keeps ``pos`` (tokens already cached) and ``kv_len`` (cache rows valid during this forward) in
-device int32 [1] buffers; these kernels update them inside the captured step.
+device int32 [1] buffers ([B], one per row, for a batched decode step); these kernels update them inside
+the captured step.
 """
 import numpy as np
 
@@ -15,20 +16,22 @@ TPB = 256
 
 @cached_jit(pdl=True)
 def _set_kv_len(pos, kv_len, t):
-    # pos: [1] int32, kv_len: [1] int32 (out), t: tokens of this forward
+    # pos: [B] int32, kv_len: [B] int32 (out), t: tokens of this forward (B rows of a batched decode: B <= 16)
     griddep_wait()                                # kernels/pdl.py: before any global access
     griddep_launch_dependents()
     if cuda.grid(1) == 0:
-        kv_len[0] = pos[0] + t
+        for b in range(pos.shape[0]):
+            kv_len[b] = pos[b] + t
 
 
 @cached_jit(pdl=True)
 def _advance(pos, t):
-    # pos: [1] int32 (in/out)
+    # pos: [B] int32 (in/out)
     griddep_wait()                                # kernels/pdl.py: before any global access
     griddep_launch_dependents()
     if cuda.grid(1) == 0:
-        pos[0] += t
+        for b in range(pos.shape[0]):
+            pos[b] += t
 
 
 @cached_jit()
@@ -48,12 +51,12 @@ def _fill_zero(a):
 
 
 def set_kv_len(pos, kv_len, t: int, *, stream=0) -> None:
-    """kv_len[0] = pos[0] + t."""
+    """kv_len[b] = pos[b] + t for every row b (one sequence: b = 0)."""
     _set_kv_len[1, 1, stream](pos, kv_len, np.int32(t))
 
 
 def advance(pos, t: int, *, stream=0) -> None:
-    """pos[0] += t."""
+    """pos[b] += t for every row b."""
     _advance[1, 1, stream](pos, np.int32(t))
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_numba.config import EngineConfig, ModelConfig
-from ninfer_numba.engine.cache import SequenceState
+from ninfer_numba.engine.cache import SequenceState, SlotRows, SlotStates
 from ninfer_numba.kernels import position
 from ninfer_numba.kernels.q8.act_f16 import gated_rmsnorm_f16, rmsnorm_f16, silu_mul_f16, to_f16
 from ninfer_numba.kernels.embed import embed_gather_q8
@@ -29,10 +29,11 @@ from ninfer_numba.kernels.flash_attn.prefill import attention_prefill
 from ninfer_numba.kernels.flash_attn.prefill_mma import attention_prefill_mma, supports_shape
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.kernels.gdn.chunk import gdn_prefill, shared_workspace
-from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
+from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync
 from ninfer_numba.kernels.q8.gemm import gemm_q8
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
+from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
 from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append_from_cache
 from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
 from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
@@ -82,6 +83,7 @@ class Qwen35Gpu:
         self.w = weights
         self.c = c = weights.config
         self.engine = engine
+        self._rows_step = False            # the forward running is a batched decode step (SlotStates)
         self.stream = stream
         self.buf = Buffers(c, engine.prefill_chunk, stream)
         self.layer_range = range(weights.layers[0].index, weights.layers[-1].index + 1)
@@ -90,7 +92,7 @@ class Qwen35Gpu:
                                         stream=stream)
         self.next_token = cuda.device_array(1, np.int32, stream=stream)
         self.attn_ws = alloc_decode_workspace(c.n_head, c.head_dim)
-        self.gdn_sync = make_decode_sync_counts(c.ssm_groups, stream=stream)
+        self.gdn_sync = make_decode_sync(c.ssm_groups, stream=stream)
         self.gdn_ws = shared_workspace(engine.prefill_chunk, c.ssm_groups, c.ssm_heads, c.ssm_state, stream)
         # fp16 tensor-core prefill attention on sm_80+ (20-30x the float32 kernel); float32 kernel elsewhere
         cc = (0, 0) if SIMULATOR else cuda.get_current_device().compute_capability
@@ -114,10 +116,18 @@ class Qwen35Gpu:
         """A sequence's device memory in this model's KV format."""
         return SequenceState(self.c, max_seq, self.stream, self.kv_type, self.layer_range)
 
+    def new_slots(self, n_slots: int, max_seq: int) -> SlotStates:
+        """n_slots sequences' device memory for batched decode steps (f16 KV cache): forward(B, rows) with
+        rows = slots.rows(B), B <= min(16, prefill_chunk), steps the slots set by rows.set_rows."""
+        if self.kv_type != "f16":
+            raise ValueError(f"batched decode runs on the f16 KV cache, not {self.kv_type!r}")
+        return SlotStates(self.c, n_slots, max_seq, self.stream, self.layer_range)
+
     # -- activations and matmuls --------------------------------------------------------------------
     def uses_f16_activations(self, t: int) -> bool:
-        """Whether the matmuls of a t-row forward take float16 activations (the W8A16 prefill GEMM)."""
-        return t > 1 and self.gemm_path == "w8a16"
+        """Whether the matmuls of a t-row forward take float16 activations (the W8A16 prefill GEMM); a batched
+        decode step's rows stay int8 (gemv_rows_q8 reads each weight once for all of them)."""
+        return t > 1 and self.gemm_path == "w8a16" and not self._rows_step
 
     def _norm_act(self, x, w, t: int):
         """RMSNorm of x [t, E] into the activation the next matmul takes: (xh, None) or (xq, xs)."""
@@ -156,6 +166,8 @@ class Qwen35Gpu:
             gemm_w8a16(m.wq, m.ws, xq, out, accumulate=accumulate, stream=self.stream)
         elif xq.shape[0] == 1:
             gemv_q8(m.wq, m.ws, xq, xs, out.reshape(-1), accumulate=accumulate, stream=self.stream)
+        elif self._rows_step:                       # one token of each of B sequences
+            gemv_rows_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, stream=self.stream)
         else:
             # int8 rows > 1 only when gemm_path is not w8a16 (then every such forward makes float16)
             gemm_q8(m.wq, m.ws, xq, xs, out, accumulate=accumulate, path=self.gemm_path, stream=self.stream)
@@ -173,7 +185,13 @@ class Qwen35Gpu:
         i = n_layer, "head"). Eager forwards only (never under graph capture)."""
         seen = act_tap or (lambda i, point, q, d: None)
         c, b, s = self.c, self.buf, self.stream
-        position.set_kv_len(st.pos, st.kv_len, t, stream=s)
+        # st a SlotRows: a batched decode step, row r one token of the sequence in slot st.slots[r]
+        self._rows_step = isinstance(st, SlotRows)
+        if self._rows_step and not (t == st.batch <= min(MAX_ROWS, b.t_max)):
+            raise ValueError(f"a batched step of {t} rows over a {st.batch}-row batch (at most "
+                             f"{min(MAX_ROWS, b.t_max)})")
+        step = 1 if self._rows_step else t                 # tokens each sequence gains
+        position.set_kv_len(st.pos, st.kv_len, step, stream=s)
         x = b.mat(b.x, t, c.n_embd)
         if self.w.token_embd is not None:
             embed_gather_q8(self.w.token_embd.wq, self.w.token_embd.ws, b.tokens[:t], x, stream=s)
@@ -203,19 +221,26 @@ class Qwen35Gpu:
             act = self._norm_act(x[t - r:], self.w.output_norm, r)
             seen(c.n_layer, "head", *act)
             self._matmul(self.w.output, act, self.logits[:r])
-        position.advance(st.pos, t, stream=s)
-        st.host_pos += t
+        position.advance(st.pos, step, stream=s)
+        if self._rows_step:
+            st.stepped()
+        else:
+            st.host_pos += t
 
     def _attention(self, L, t, st, act):
         c, b, s = self.c, self.buf, self.stream
         proj = b.mat(b.proj, t, b.p_attn)
         self._matmul(L.w_in, act, proj)
         q = b.q[:t]
+        rows = self._rows_step
         qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
                            st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base,
-                           eps=c.rms_eps, stream=s)
+                           eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
         y = b.mat(b.y, t, c.n_head * c.head_dim)
-        if L.index in st.kvq:
+        if rows:
+            attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, proj, y, st.attn_ws,
+                             kv_heads=c.n_head_kv, stream=s)
+        elif L.index in st.kvq:
             self._coded_attention(L.index, t, st, q, proj, y)
         elif t == 1:
             attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, proj, y.reshape(-1),
@@ -249,7 +274,9 @@ class Qwen35Gpu:
         args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"], L.small["ssm_norm"],
                 st.ssm[L.index])
         # raw o, then the gated norm fused into the kernel that makes the out-projection's activation
-        if t == 1:
+        if self._rows_step:
+            gdn_decode_step(proj, *args, y, st.gdn_sync, c.ssm_groups, c.rms_eps, stream=s, normalize=False)
+        elif t == 1:
             gdn_decode_step(proj.reshape(-1), *args, y.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
                             stream=s, normalize=False)
         else:

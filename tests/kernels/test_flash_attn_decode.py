@@ -24,6 +24,39 @@ def _check_decode(H, Hkv, d, kv_len, n_splits, q_dtype=np.float32, seed=0, max_s
     assert_gated_attention(d_out.copy_to_host(), q, k_cache, v_cache, proj, [kv_len - 1], kv_len)
 
 
+def _check_batched(H, Hkv, d, lens, slots, n_slots, n_splits, max_seq):
+    """B = len(slots) queries at once, row b over cache slot slots[b] of an [n_slots·Hkv, max_seq, d] slab
+    with its own length lens[b]; every row against the one-sequence reference of its slot."""
+    rng = np.random.default_rng(7)
+    cases = [attention_inputs(rng, 1, H, Hkv, d, lens[b], max_seq) for b in range(len(slots))]
+    k_slab = np.full((n_slots * Hkv, max_seq, d), np.nan, np.float16)   # unnamed slots: NaN, never read
+    v_slab = np.full_like(k_slab, np.nan)
+    for (_, kc, vc, _), s_ in zip(cases, slots):
+        k_slab[s_ * Hkv:(s_ + 1) * Hkv], v_slab[s_ * Hkv:(s_ + 1) * Hkv] = kc, vc
+    ws = alloc_decode_workspace(H, d, n_splits, batch=len(slots))
+    ws.slots.copy_to_device(np.array(slots, np.int32))
+    d_out = cuda.to_device(np.full((len(slots), H * d), np.nan, np.float32))
+    attention_decode(cuda.to_device(np.concatenate([c[0] for c in cases])), cuda.to_device(k_slab),
+                     cuda.to_device(v_slab), cuda.to_device(np.array(lens, np.int32)),
+                     cuda.to_device(np.concatenate([c[3] for c in cases])), d_out, ws, kv_heads=Hkv)
+    out = d_out.copy_to_host()
+    for b, (q, kc, vc, proj) in enumerate(cases):
+        assert_gated_attention(out[b], q, kc, vc, proj, [lens[b] - 1], lens[b])
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_decode_batched_slots():
+    _check_batched(4, 2, 32, lens=[5, 77, 1], slots=[2, 0, 3], n_slots=4, n_splits=3, max_seq=80)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_decode_batched_model_shape():
+    _check_batched(16, 4, 256, lens=[8192, 1, 799, 4096, 33, 2048, 100, 5000], slots=[3, 7, 0, 5, 1, 6, 2, 4],
+                   n_slots=8, n_splits=99, max_seq=8200)
+
+
 @pytest.mark.cudasim
 @needs_sim_or_gpu
 @pytest.mark.parametrize("H,Hkv,d,kv_len,n_splits", [

@@ -15,7 +15,7 @@ from gdn_cases import (EPS, SHAPES_GPU, assert_rel, make_inputs, mixer_reference
                        rel_budget_f16_emulated, to_device)
 from ninfer_numba.kernels.gdn.chunk import GdnPrefillWorkspace, gdn_prefill
 from ninfer_numba.kernels.gdn.chunk_state_f16 import state_tile
-from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync_counts
+from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync
 from ninfer_numba.kernels.numba_env import cuda
 
 
@@ -50,11 +50,11 @@ def check_prefill_then_decode(seed, T_prefill, n_decode, Hk, Hv, S):
     inp = make_inputs(seed, T, Hk, Hv, S)
     dev = to_device(inp)
     ys = [run_prefill(inp, dev, Hk, Hv, S, T_prefill)]
-    counts = make_decode_sync_counts(Hk)
+    sync = make_decode_sync(Hk)
     for t in range(T_prefill, T):
         y = cuda.to_device(np.full(Hv * S, np.nan, np.float32))
         gdn_decode_step(cuda.to_device(inp["proj"][t]), dev["conv_w"], dev["conv_state"], dev["ssm_a"],
-                        dev["dt_bias"], dev["norm_w"], dev["state"], y, counts, Hk, EPS)
+                        dev["dt_bias"], dev["norm_w"], dev["state"], y, sync, Hk, EPS)
         ys.append(y.copy_to_host()[None])
     y_ref, conv_ref, state_ref = mixer_reference(inp, Hk, Hv, S)    # one pass over all T tokens
     budget = rel_budget_f16(S, T)

@@ -26,7 +26,7 @@ made = {
     "intra_mma": (chunk_intra_mma.chunk_intra_mma_kernel(128, 16, 32),),
     "state_f16": (chunk_state_f16.chunk_state_f16_kernel(128, 16, 32, 32),),
     "conv": (conv._conv_silu_norm_kernel(4, 128, 4096), conv._conv_state_shift_kernel(4)),
-    "gdn_decode": (recurrent._decode_kernel(128, 4, 16, 32),),
+    "gdn_decode": (recurrent._decode_kernel(128, 4, 16, 32, False),),
 }
 kernels = lambda made: [k for x in made for k in (kernels(x) if isinstance(x, tuple) else [x])
                         if hasattr(k, "py_func")]

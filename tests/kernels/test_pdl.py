@@ -44,7 +44,7 @@ def test_factory_kernels_are_marked():
     from ninfer_numba.kernels.flash_attn.decode import _decode_kernels
     from ninfer_numba.kernels.gdn.recurrent import _decode_kernel
     from ninfer_numba.kernels.q8.quant_act import _gated_rmsnorm_quant_kernel
-    for kernel in (*_decode_kernels(4, 2, 32, 4), _decode_kernel(16, 4, 2, 4)):
+    for kernel in (*_decode_kernels(4, 2, 32, 4), _decode_kernel(16, 4, 2, 4, False)):
         assert getattr(_py_func(kernel), "_ninfer_pdl", False)
     assert getattr(_py_func(_gated_rmsnorm_quant_kernel, "_gated_rmsnorm_quant_kernel"), "_ninfer_pdl", False)
 

@@ -73,3 +73,31 @@ def test_norm_rope_store_f16_q():
 def test_norm_rope_store_full(T, H):
     _run_and_check(T, H, 4, 256, 64, pos0=799, max_seq=799 + T + 5)
     _run_and_check(T, H, 4, 256, 64, pos0=0, max_seq=T)
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_norm_rope_store_batched_slots():
+    """A batched decode step: row b is one token of its own sequence at position pos[b], stored in the KV
+    heads of slot slots[b] of a slab; bit for bit the one-sequence call at that position and slot, and no
+    other cache row written."""
+    H, Hkv, d, n_rot, max_seq, n_slots = 4, 2, 32, 16, 12, 3
+    pos, slots = [3, 0, 10], [1, 2, 0]
+    rng = np.random.default_rng(5)
+    proj = (rng.standard_normal((len(pos), 2 * d * H + 2 * d * Hkv)) * 2).astype(np.float32)
+    qw, kw = [cuda.to_device((1 + 0.2 * rng.standard_normal(d)).astype(np.float32)) for _ in range(2)]
+    rope = dict(H=H, Hkv=Hkv, n_rot=n_rot, base=1e7, eps=1e-6)
+    slab = lambda: cuda.to_device(np.full((n_slots * Hkv, max_seq, d), np.nan, np.float16))  # noqa: E731
+    d_q, d_k, d_v = cuda.to_device(np.full((len(pos), H, d), np.nan, np.float32)), slab(), slab()
+    qk_norm_rope_store(cuda.to_device(proj), qw, kw, cuda.to_device(np.array(pos, np.int32)), d_q, d_k, d_v,
+                       slots=cuda.to_device(np.array(slots, np.int32)), **rope)
+    q, k, v = d_q.copy_to_host(), d_k.copy_to_host(), d_v.copy_to_host()
+    for b, (p, s_) in enumerate(zip(pos, slots)):
+        one_q = cuda.to_device(np.full((1, H, d), np.nan, np.float32))
+        one_k = cuda.to_device(np.full((Hkv, max_seq, d), np.nan, np.float16))
+        one_v = cuda.to_device(np.full((Hkv, max_seq, d), np.nan, np.float16))
+        qk_norm_rope_store(cuda.to_device(proj[b:b + 1]), qw, kw, cuda.to_device(np.array([p], np.int32)),
+                           one_q, one_k, one_v, **rope)
+        np.testing.assert_array_equal(q[b], one_q.copy_to_host()[0])
+        np.testing.assert_array_equal(k[s_ * Hkv:(s_ + 1) * Hkv], one_k.copy_to_host())   # NaN where unwritten
+        np.testing.assert_array_equal(v[s_ * Hkv:(s_ + 1) * Hkv], one_v.copy_to_host())

@@ -82,15 +82,18 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
     occupancy = {} if SIMULATOR else {"launch_bounds": (DEC_TPB, DEC_BLOCKS_PER_SM)}
 
     @cached_jit(pdl=True, **occupancy)
-    def partial_kernel(q, k_cache, v_cache, kv_len_buf, part_o, part_ml):
+    def partial_kernel(q, k_cache, v_cache, kv_len_buf, slots, part_o, part_ml):
+        # q [B, H, D] f32 / f16, k_cache and v_cache [n_slots·Hkv, max_seq, D] f16, kv_len_buf [B] i32,
+        # slots [B] i32 (batch row -> cache slot), part_o [B, n_splits, H, D] f32, part_ml [B, n_splits, H, 2]
         griddep_wait()                                # kernels/pdl.py: before any global access
         griddep_launch_dependents()
         s = cuda.blockIdx.x
         kh = cuda.blockIdx.y
+        b = cuda.blockIdx.z                           # batch row: its query, length and partials
         tid = cuda.threadIdx.x
         w = tid // 32
         lane = tid - 32 * w
-        kv_len = kv_len_buf[0]
+        kv_len = kv_len_buf[b]
         per = split_range_len(kv_len, cuda.gridDim.x, STEP)
         j0 = s * per
         j1 = min(j0 + per, kv_len)
@@ -98,11 +101,11 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
             return
         max_seq = k_cache.shape[1]
         c8 = LANE_DIMS * min(lane, NL - 1)        # idle lanes re-read the last chunk, with q = 0
-        row0 = kh * max_seq
+        row0 = (slots[b] * Hkv + kh) * max_seq       # the slot's KV head kh
         qr = cuda.local.array(GL, np.float32)     # [G, 8] q·log2(e)/√d of this lane's dims
         for g in range(G):
             for i in range(LANE_DIMS):
-                qv = np.float32(q[0, kh * G + g, c8 + i]) * scale
+                qv = np.float32(q[b, kh * G + g, c8 + i]) * scale
                 qr[g * LANE_DIMS + i] = qv if lane < NL else np.float32(0.0)
         acc = cuda.local.array(GL, np.float32)    # [G, 8] unnormalised Σ p·v of this lane's dims
         for e in range(GL):
@@ -186,50 +189,67 @@ def _decode_kernels(H: int, Hkv: int, D: int, n_splits: int):
                 f = math.exp2(s_ml[(ww * G + g) * 2] - m_all)
                 o += s_o[(ww * G + g) * D + i] * f
                 l_all += s_ml[(ww * G + g) * 2 + 1] * f
-            part_o[s, kh * G + g, i] = o
+            part_o[b, s, kh * G + g, i] = o
             if i == 0:
-                part_ml[s, kh * G + g, 0] = m_all
-                part_ml[s, kh * G + g, 1] = l_all
+                part_ml[b, s, kh * G + g, 0] = m_all
+                part_ml[b, s, kh * G + g, 1] = l_all
 
     return partial_kernel, split_combine_kernel(D, n_splits, STEP)
 
 
 @dataclass(frozen=True)
 class DecodeWorkspace:
-    """Scratch of the split-K decode, allocated once per (H, d, n_splits) and reused by every step."""
-    part_o: object        # [n_splits, H, d] float32 unnormalised partial outputs
-    part_ml: object       # [n_splits, H, 2] float32 running max and sum per partial
+    """Scratch of the split-K decode for B batch rows, allocated once per (H, d, n_splits, B) and reused by
+    every step; ``slots`` [B] int32 maps batch rows to cache slots (the identity until an engine writes its
+    active sequences there)."""
+    part_o: object        # [B, n_splits, H, d] float32 unnormalised partial outputs
+    part_ml: object       # [B, n_splits, H, 2] float32 running max and sum per partial
+    slots: object         # [B] int32
 
     @property
     def n_splits(self) -> int:
+        return self.part_ml.shape[1]
+
+    @property
+    def batch(self) -> int:
         return self.part_ml.shape[0]
 
 
-def alloc_decode_workspace(H: int, D: int, n_splits: int = 99) -> DecodeWorkspace:
-    """n_splits × Hkv blocks run per step; 99 splits × 4 KV heads = 396 blocks: one full wave of 3 blocks
-    (the launch bound) on each of the H200's 132 SMs, so no SM runs a second, partial wave."""
-    return DecodeWorkspace(cuda.device_array((n_splits, H, D), np.float32),
-                           cuda.device_array((n_splits, H, 2), np.float32))
+def alloc_decode_workspace(H: int, D: int, n_splits: int = 99, batch: int = 1) -> DecodeWorkspace:
+    """n_splits × Hkv blocks run per step and batch row; 99 splits × 4 KV heads = 396 blocks: one full wave
+    of 3 blocks (the launch bound) on each of the H200's 132 SMs, so no SM runs a second, partial wave."""
+    return DecodeWorkspace(cuda.device_array((batch, n_splits, H, D), np.float32),
+                           cuda.device_array((batch, n_splits, H, 2), np.float32),
+                           cuda.to_device(np.arange(batch, dtype=np.int32)))
 
 
 def attention_decode(q, k_cache, v_cache, kv_len_buf, proj, out, workspace: DecodeWorkspace, *,
-                     stream=0) -> None:
-    """Gated attention of one query token over cache rows [0, kv_len).
+                     kv_heads: int | None = None, stream=0) -> None:
+    """Gated attention of one query token of each of B sequences over its cache rows [0, kv_len); B = 1
+    takes the unbatched shapes.
 
-    q:          [1, H, d] float32 or float16 (rotated query, qk_norm_rope_store's q_out)
-    k_cache:    [Hkv, max_seq, d] float16; v_cache likewise (this token's row already stored)
-    kv_len_buf: [1] int32 device array, number of valid cache rows (≥ 1, ≤ max_seq)
-    proj:       [1, 2·d·H + 2·d·Hkv] float32, the projection row (gate of head h at [2dh+d, 2d(h+1)))
-    out:        [H·d] float32, o ⊙ σ(gate)
-    workspace:  from alloc_decode_workspace(H, d)
+    q:          [B, H, d] float32 or float16 (rotated query, qk_norm_rope_store's q_out)
+    k_cache:    [n_slots·Hkv, max_seq, d] float16 (slot s holds heads [s·Hkv, (s+1)·Hkv)), or [Hkv, max_seq, d]
+                for one sequence; v_cache likewise (this token's row already stored)
+    kv_len_buf: [B] int32 device array, valid cache rows of each batch row (>= 1, <= max_seq)
+    proj:       [B, 2·d·H + 2·d·Hkv] float32, the projection rows (gate of head h at [2dh+d, 2d(h+1)))
+    out:        [B, H·d] or [H·d] float32, o ⊙ σ(gate)
+    workspace:  from alloc_decode_workspace(H, d, batch=B); row b reads cache slot workspace.slots[b]
+    kv_heads:   Hkv, the heads of one slot (default: k_cache holds one sequence, k_cache.shape[0])
     """
-    H, D = q.shape[1], q.shape[2]
-    Hkv = k_cache.shape[0]
+    B, H, D = q.shape
+    Hkv = kv_heads or k_cache.shape[0]
+    if out.ndim == 1:
+        out = out.reshape(1, -1)
+    if workspace.batch != B or kv_len_buf.shape[0] != B or proj.shape[0] != B or out.shape[0] != B:
+        raise ValueError(f"decode batch: q has {B} rows; kv_len {kv_len_buf.shape[0]}, proj {proj.shape[0]}, "
+                         f"out {out.shape[0]}, workspace {workspace.batch}")
     if D > MAX_D or D % LANE_DIMS or H % Hkv or H // Hkv > MAX_G:
         raise ValueError(f"unsupported decode shape H={H} Hkv={Hkv} d={D} "
                          f"(d <= {MAX_D} and a multiple of {LANE_DIMS}, H/Hkv <= {MAX_G})")
     n_splits = workspace.n_splits
     partial_kernel, combine_kernel = _decode_kernels(H, Hkv, D, n_splits)
-    partial_kernel[(n_splits, Hkv), DEC_TPB, stream](q, k_cache, v_cache, kv_len_buf,
-                                                     workspace.part_o, workspace.part_ml)
-    combine_kernel[(H, (D + 31) // 32), COMB_TPB, stream](workspace.part_o, workspace.part_ml, kv_len_buf, proj, out)
+    partial_kernel[(n_splits, Hkv, B), DEC_TPB, stream](q, k_cache, v_cache, kv_len_buf, workspace.slots,
+                                                        workspace.part_o, workspace.part_ml)
+    combine_kernel[(H, (D + 31) // 32, B), COMB_TPB, stream](workspace.part_o, workspace.part_ml, kv_len_buf,
+                                                             proj, out)

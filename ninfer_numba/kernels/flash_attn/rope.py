@@ -25,20 +25,27 @@ MAX_D = 512            # largest head dim held in shared memory
 
 
 @lru_cache(maxsize=None)
-def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int):
-    """Kernel specialised on the head counts and dims (compile-time constants: loops unroll)."""
+def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False):
+    """Kernel specialised on the head counts and dims (compile-time constants: loops unroll). batched: row t
+    is a sequence of its own at position pos_buf[t] with its KV heads in cache slot slots[t]; else the rows
+    are consecutive tokens of one sequence from pos_buf[0] (slots unread)."""
     HALF = n_rot // 2
     NQG = 2 * D * H                                # proj columns of the interleaved q|gate blocks
     PER_THREAD = (D + NORM_TPB - 1) // NORM_TPB
 
     @cached_jit()
-    def kernel(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, neg2_log_base_over_rot, eps):
+    def kernel(proj, q_norm_w, k_norm_w, pos0_buf, slots, q_out, k_cache, v_cache, neg2_log_base_over_rot, eps):
         t = cuda.blockIdx.x
         slot = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         s_x = cuda.shared.array(MAX_D, np.float32)            # [D] normalised head, read by RoPE partners
         s_red = cuda.shared.array(NORM_TPB, np.float32)       # [TPB] partial sums of squares
-        pos = pos0_buf[0] + t
+        if batched:
+            pos = pos0_buf[t]
+            kv0 = slots[t] * Hkv                               # the row's sequence's first KV head
+        else:
+            pos = pos0_buf[0] + t
+            kv0 = 0
         max_seq = k_cache.shape[1]
         if slot >= H + Hkv:                                    # value head: plain f32 -> f16 copy
             kh = slot - H - Hkv
@@ -46,7 +53,7 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int):
                 for c in range(PER_THREAD):
                     i = tid + c * NORM_TPB
                     if i < D:
-                        v_cache[kh, pos, i] = proj[t, NQG + D * Hkv + kh * D + i]
+                        v_cache[kv0 + kh, pos, i] = proj[t, NQG + D * Hkv + kh * D + i]
             return
         if slot < H:
             col0 = 2 * D * slot                                # query block of head `slot`
@@ -90,20 +97,24 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int):
                 if slot < H:
                     q_out[t, slot, i] = y
                 elif pos < max_seq:
-                    k_cache[slot - H, pos, i] = y
+                    k_cache[kv0 + slot - H, pos, i] = y
 
     return kernel
 
 
 def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, *, H: int, Hkv: int,
-                       n_rot: int, base: float, eps: float, stream=0) -> None:
+                       n_rot: int, base: float, eps: float, slots=None, stream=0) -> None:
     """QK-norm + RoPE for T new tokens, queries to q_out, keys and values into the caches.
 
     proj:     [T, 2·d·H + 2·d·Hkv] float32, columns q_0|g_0|...|q_{H-1}|g_{H-1}|k|v (ref.py docstring)
     q_norm_w: [d] float32; k_norm_w: [d] float32
-    pos0_buf: [1] int32 device array, position of row 0 (read on the device: graph-replay safe)
+    pos0_buf: [1] int32 device array, position of row 0 (read on the device: graph-replay safe); with slots,
+              [T] int32, the position of each row
     q_out:    [T, H, d] float32 or float16 (written)
-    k_cache:  [Hkv, max_seq, d] float16, rows pos0..pos0+T-1 written; v_cache likewise
+    k_cache:  [Hkv, max_seq, d] float16, rows pos0..pos0+T-1 written; v_cache likewise. With slots:
+              [n_slots·Hkv, max_seq, d], row t written at its position in the KV heads of slot slots[t]
+    slots:    None (the T rows are consecutive tokens of one sequence), or [T] int32: a batched decode step,
+              one token of each of T sequences
     Rows whose position is ≥ max_seq are not stored (the caller validates the context length).
     """
     T = proj.shape[0]
@@ -112,7 +123,11 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
         return
     if D > MAX_D or n_rot > D or n_rot % 2:
         raise ValueError(f"unsupported head dim {D} / n_rot {n_rot} (need even n_rot <= d <= {MAX_D})")
-    kernel = _norm_rope_kernel(H, Hkv, D, n_rot)
+    batched = slots is not None
+    if batched and (slots.shape[0] != T or pos0_buf.shape[0] != T):
+        raise ValueError(f"batched rows: proj has {T}, slots {slots.shape[0]}, positions {pos0_buf.shape[0]}")
+    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched)
     neg2_log_base_over_rot = -2.0 * math.log(base) / n_rot     # inv_freq(i) = exp(i · this)
-    kernel[(T, H + 2 * Hkv), NORM_TPB, stream](proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache,
-                                               neg2_log_base_over_rot, np.float32(eps))
+    kernel[(T, H + 2 * Hkv), NORM_TPB, stream](proj, q_norm_w, k_norm_w, pos0_buf, pos0_buf if slots is None
+                                               else slots, q_out, k_cache, v_cache, neg2_log_base_over_rot,
+                                               np.float32(eps))

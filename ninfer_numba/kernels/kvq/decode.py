@@ -274,8 +274,10 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
         q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
         v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml)
-    combine[(H, (d + 31) // 32), COMB_TPB, stream](ws.part_o, ws.part_ml, kv_len, proj if gated else ws.no_gate,
-                                                   out.reshape(out.size))
+    # the f16 cache's combine, for a batch of one row
+    combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
+                                                      ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
+                                                      proj if gated else ws.no_gate, out.reshape(1, out.size))
 
 
 def _words(codes):
