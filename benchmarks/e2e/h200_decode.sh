@@ -29,6 +29,9 @@
 #   STAGE=rows_shards: the batched decode's and the shards' GPU tests, bench_gdn's decode rows, then
 #               shard_bridge on the 9b file (issue 15) and structured_output's grammar cost on the 9b file with
 #               the vocabulary (issue 18), each given what is left of a 570 s budget
+#   STAGE=shards_32k: the shard GPU test, then shard_bridge on the 9b file (2 and 4 shards against the plain
+#               runner bit for bit, the bridge's cost, the traced overlap), beside the two 32K GDN GPU tests
+#               (CPU-bound float64 references, 6 BLAS threads each)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -207,6 +210,25 @@ rows_shards)
   timeout $(left) python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda \
     -n 20 > "$OUT/logs/structured_9b.log" 2>&1
   say "structured output (exit $?):"; grep -v "^WARNING" "$OUT/logs/structured_9b.log" | tail -8
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+shards_32k)
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  OPENBLAS_NUM_THREADS=6 OMP_NUM_THREADS=6 MKL_NUM_THREADS=6 timeout 540 python3 -m pytest -q -n 2 -m gpu \
+    tests/kernels/test_gdn_prefill.py -k T32768 -p no:cacheprovider --durations=2 > "$OUT/logs/test_gdn_32k.log" 2>&1 &
+  gdn_pid=$!
+  timeout 120 python3 -m pytest -q -m gpu tests/engine/test_sharded_runner.py -p no:cacheprovider \
+    > "$OUT/logs/test_shards_gpu.log" 2>&1
+  say "sharded GPU tests (exit $?): $(tail -1 "$OUT/logs/test_shards_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_shards_gpu.log" | cut -c1-300 | head -10
+  wait $gen
+  timeout $(( 560 - SECONDS > 30 ? 560 - SECONDS : 30 )) python3 -m benchmarks.e2e.shard_bridge \
+    --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
+  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -16
+  wait $gdn_pid
+  say "GDN GPU tests at 32K (exit $?): $(tail -1 "$OUT/logs/test_gdn_32k.log")"
+  grep -E "^(FAILED|E  )|s call" "$OUT/logs/test_gdn_32k.log" | cut -c1-300 | head
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 esac

@@ -2,8 +2,11 @@
 the prefill chunks pipeline through the shards.
 
     python -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf [--prompt 8192] [--gen 64] [--shards 2]
+        [--check 2,4 | --check none]
 
-Runs the model as one shard and as --shards shards on GPU 0 (the same runner: eager prefill chunks, one
+First (--check) the split against the plain cuda runner on this file: 2 and 4 shards on GPU 0 must give the
+same logits bit for bit on a 200-token prompt in chunks of 64 (both bridge parities, a short last chunk) and
+the same 16 greedy tokens (decode_greedy: the last shard's device argmax). Then it runs the model as one shard and as --shards shards on GPU 0 (the same runner: eager prefill chunks, one
 graph per shard per decode step), and the plain cuda runner beside them. Prints the prefill time of --prompt
 tokens and the decode time per token (medians of 3), the difference between the split and the single shard
 (the bridge: hand-offs through host memory, event waits, one more graph per step), and from one traced
@@ -41,6 +44,32 @@ def _overlap(rows) -> float:
     return total
 
 
+def _check_equal(model: str, counts: list[int]) -> bool:
+    """The split into each of counts shards against the plain runner: logits of every prompt position bit for
+    bit and 16 greedy tokens; prints one line per count."""
+    import numpy as np
+
+    from ninfer_numba import LLM, SamplingParams
+    prompt = np.random.default_rng(1).integers(0, 1000, 200).tolist()
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+    def run(gpus):
+        llm = LLM(model, backend="cuda", max_seq=256, prefill_chunk=64, prefix_cache_mb=0, gpus=gpus)
+        out = llm.logits(prompt), llm.generate(prompt, greedy).token_ids
+        del llm
+        return out
+    want_logits, want_tokens = run("")
+    ok = True
+    for n in counts:
+        logits, tokens = run(",".join(["0"] * n))
+        same = bool(np.array_equal(logits, want_logits))
+        diff = float(np.max(np.abs(logits - want_logits)))
+        print(f"{n} shards against the plain runner: logits of {len(prompt)} positions bit for bit {same} "
+              f"(max |diff| {diff:.3g}); 16 greedy tokens equal {tokens == want_tokens}", flush=True)
+        ok = ok and same and tokens == want_tokens
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -48,7 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--prefill-chunk", type=int, default=2048)
+    ap.add_argument("--check", default="2,4", help="shard counts to check against the plain runner, or none")
     a = ap.parse_args(argv)
+    equal = a.check == "none" or _check_equal(a.model, [int(n) for n in a.check.split(",")])
     import numpy as np
 
     from ninfer_numba import LLM
@@ -75,7 +106,7 @@ def main(argv=None) -> int:
     one, split = results["1 shard"], results[f"{a.shards} shards"]
     print(f"bridge ({a.shards} shards - 1 shard): prefill {(split[0] - one[0]) * 1e3:+.1f} ms per {a.prompt} tokens, "
           f"decode {(split[1] - one[1]) * 1e6:+.1f} us per token")
-    return 0
+    return 0 if equal else 1
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ chunk of tokens:
 The host only enqueues: shard 0 may start chunk i + 1 while shard 1 still runs chunk i. Each boundary has
 two bridge buffers (chunk parity) and a "consumed" event per buffer, so a chunk never overwrites a buffer
 the next shard has not copied in yet. A decode step replays one captured graph per shard (copy in, forward,
-copy out; the events stay outside the graphs), two per shard for the two bridge parities. The host picks
-every token (no device sampling): a step is the shards' graphs, then the last shard's logits row copied
-back.
+copy out; the events stay outside the graphs), two per shard for the two bridge parities, captured with
+programmatic launches as the plain runner's step. A greedy step (decode_greedy) ends the last shard's graph
+with the device argmax and brings back 4 bytes; decode() brings back the logits row into pinned memory.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from ninfer_numba.config import EngineConfig
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.engine.shard_plan import Shard, layer_costs, plan_shards
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
+from ninfer_numba.kernels.pdl import programmatic_launches
+from ninfer_numba.kernels.sample.device import SampleWorkspace, argmax
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu
 from ninfer_numba.model.weights import ModelWeights
@@ -93,12 +95,19 @@ class ShardedCudaRunner:
         with cuda.gpus[self.plan[0].device]:
             self._host_tok = cuda.pinned_array(self.workers[0].model.buf.t_max, np.int32)   # ids of a chunk
             self._tok_copied = _event()
+        last = self.workers[-1]
+        with cuda.gpus[last.shard.device]:                  # a greedy step's choice, on the last shard
+            vocab = last.model.logits.shape[1]              # the head's rows (the vocabulary)
+            self._sample_ws = SampleWorkspace(vocab, stream=last.stream)
+            self._dev_tok = cuda.device_array(1, np.int32, stream=last.stream)          # [1] argmax
+            self._pick = cuda.pinned_array(1, np.int32)                                  # its host copy
+            self._host_logits = cuda.pinned_array(vocab, np.float32)                 # decode()'s row
         self._chunks = 0                    # chunks enqueued: their parity picks the bridge buffers
         self.trace: list | None = None      # a list: (shard, chunk, start, end event) of every eager body
-        self._step_graphs: dict[tuple[int, int], CudaGraph] | None = None   # (shard, parity) -> decode graph
+        self._step_graphs: dict[tuple, CudaGraph] | None = None   # (shard, parity, pick) -> decode graph
         self.reset()
         self._forward(np.array([1, 2], np.int32), 1)          # compile every kernel once (prefill, decode)
-        self._forward(np.array([3], np.int32), 1)
+        self._forward(np.array([3], np.int32), 1, greedy=True)
         self._sync()
         self.reset()
         # the simulator has no graphs: there every step runs eagerly
@@ -106,9 +115,10 @@ class ShardedCudaRunner:
         self.compile_seconds = time.perf_counter() - t0
 
     # -- the chain of shards -----------------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, logits_rows: int) -> None:
+    def _forward(self, ids: np.ndarray, logits_rows: int, greedy: bool = False) -> None:
         """Enqueue one chunk (t <= prefill_chunk tokens) through every shard; nothing waits on the host. A
-        single token (a decode step) replays each shard's captured graph for the bridge parity in use."""
+        single token (a decode step) replays each shard's captured graph for the bridge parity in use; greedy:
+        the last shard also writes the argmax of its logits row into _dev_tok."""
         t = len(ids)
         p = self._chunks % 2
         self._chunks += 1
@@ -126,21 +136,24 @@ class ShardedCudaRunner:
                 if k < last:
                     self.workers[k + 1].consumed_in[p].wait(w.stream)    # its previous chunk was copied in
                 rows = logits_rows if k == last else 1
+                pick = greedy and k == last
                 if t == 1 and self._step_graphs is not None:
-                    self._replay_step(k, p)
+                    self._replay_step(k, p, pick)
                     if k:
                         w.consumed_in[p].record(w.stream)
                 else:
                     marks = (_timing_event(w.stream), None) if self.trace is not None else None
-                    self._shard_body(k, t, p, rows, record_consumed=True)
+                    self._shard_body(k, t, p, rows, record_consumed=True, pick=pick)
                     if marks is not None:
                         self.trace.append((k, self._chunks - 1, marks[0], _timing_event(w.stream)))
                 if k < last:
                     self.workers[k + 1].ready_in[p].record(w.stream)
 
-    def _shard_body(self, k: int, t: int, p: int, logits_rows: int, record_consumed: bool = False) -> None:
+    def _shard_body(self, k: int, t: int, p: int, logits_rows: int, record_consumed: bool = False,
+                    pick: bool = False) -> None:
         """Shard k's part of a chunk on its stream: the hidden state in from bridge p (after shard 0), its
-        forward, the hidden state out to the next shard's bridge p (before the last)."""
+        forward, the hidden state out to the next shard's bridge p (before the last); pick (the last shard):
+        the argmax of the last logits row into _dev_tok."""
         w, n = self.workers[k], t * self.config.n_embd
         if k:
             w.model.buf.x[:n].copy_to_device(w.bridge_in[p][:n], stream=w.stream)
@@ -149,17 +162,22 @@ class ShardedCudaRunner:
         w.model.forward(t, w.state, logits_rows=logits_rows)
         if k + 1 < len(self.workers):
             w.model.buf.x[:n].copy_to_host(self.workers[k + 1].bridge_in[p][:n], stream=w.stream)
+        if pick:
+            argmax(w.model.logits[logits_rows - 1], self._dev_tok, self._sample_ws, stream=w.stream)
 
-    def _replay_step(self, k: int, p: int) -> None:
-        """Shard k's decode step from its graph for bridge parity p (captured on first use; a captured forward
-        counted the position once, at capture, so the count is put back and each replay counts one)."""
+    def _replay_step(self, k: int, p: int, pick: bool = False) -> None:
+        """Shard k's decode step from its graph for bridge parity p, with the argmax when pick (captured on
+        first use; a captured forward counted the position once, at capture, so the count is put back and
+        each replay counts one)."""
         w = self.workers[k]
-        graph = self._step_graphs.get((k, p))
+        graph = self._step_graphs.get((k, p, pick))
         if graph is None:
             pos = w.state.host_pos
-            graph = self._step_graphs[k, p] = CudaGraph(w.stream)
-            with graph.capture():                           # records only; nothing runs yet
-                self._shard_body(k, 1, p, 1)
+            graph = self._step_graphs[k, p, pick] = CudaGraph(w.stream)
+            # records only; programmatic launches as the plain runner's step (the bridge copies are memcpys,
+            # which keep full stream order)
+            with graph.capture(), programmatic_launches(self.engine.pdl):
+                self._shard_body(k, 1, p, 1, pick=pick)
             w.state.host_pos = pos
         graph.launch()
         w.state.host_pos += 1
@@ -215,10 +233,22 @@ class ShardedCudaRunner:
         return self._logits(1)[0]
 
     def decode(self, token: int) -> np.ndarray:
-        return self.prefill([token])
+        self._run([token])
+        w = self._last
+        with cuda.gpus[w.shard.device]:
+            w.model.logits[0].copy_to_host(self._host_logits, stream=w.stream)    # pinned: no staging
+            w.stream.synchronize()
+        return self._host_logits.copy()
 
     def decode_greedy(self, token: int) -> int:
-        return int(np.argmax(self.decode(token)))
+        """One step whose choice is made on the last shard's device: 4 bytes cross to the host."""
+        self._check_room(1)
+        self._forward(np.array([token], np.int32), 1, greedy=True)
+        w = self._last
+        with cuda.gpus[w.shard.device]:
+            self._dev_tok.copy_to_host(self._pick, stream=w.stream)
+            w.stream.synchronize()
+        return int(self._pick[0])
 
     def all_logits(self, ids: list[int]) -> np.ndarray:
         rows = []
