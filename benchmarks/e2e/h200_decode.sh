@@ -32,6 +32,9 @@
 #   STAGE=shards_32k: the shard GPU test, then shard_bridge on the 9b file (2 and 4 shards against the plain
 #               runner bit for bit, the bridge's cost, the traced overlap), beside the two 32K GDN GPU tests
 #               (CPU-bound float64 references, 6 BLAS threads each)
+#   STAGE=batched_shards: the batched decoder's and the shards' GPU tests, benchmarks.e2e.batched_decode on the
+#               9b file (aggregate and per-stream t/s at 1-16 streams), shard_bridge --check none, then ncu of
+#               the coded-cache partial in what is left of 400 s
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -229,6 +232,30 @@ shards_32k)
   wait $gdn_pid
   say "GDN GPU tests at 32K (exit $?): $(tail -1 "$OUT/logs/test_gdn_32k.log")"
   grep -E "^(FAILED|E  )|s call" "$OUT/logs/test_gdn_32k.log" | cut -c1-300 | head
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+batched_shards)
+  left() { echo $(( 400 - SECONDS > 10 ? 400 - SECONDS : 10 )); }
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 150 python3 -m pytest -q -n 2 -m gpu tests/model/test_batched_decode.py tests/engine/test_sharded_runner.py \
+    -p no:cacheprovider --durations=4 > "$OUT/logs/test_batched_shards_gpu.log" 2>&1
+  say "batched decoder and shard GPU tests (exit $?): $(tail -1 "$OUT/logs/test_batched_shards_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_batched_shards_gpu.log" | cut -c1-300 | head -10
+  wait $gen
+  timeout 150 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --out "$OUT/batched_decode.json" \
+    > "$OUT/logs/batched_decode.log" 2>&1
+  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -9
+  timeout $(left) python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf --check none \
+    > "$OUT/logs/shard_bridge.log" 2>&1
+  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -8
+  timeout $(left) ncu --clock-control none -k "regex:partial" -c 1 --set full -o "$OUT/logs/kvq_partial" \
+    python3 -m benchmarks.kernels.bench_attn --model 9b --only kvq > "$OUT/logs/ncu_kvq_partial.log" 2>&1
+  say "ncu kvq partial (exit $?)"
+  ncu --import "$OUT/logs/kvq_partial.ncu-rep" --print-summary none --page details > "$OUT/logs/kvq_partial_details.txt" 2>&1
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Compute \(SM\)" \
+    "$OUT/logs/kvq_partial_details.txt" | head -14
+  rm -f "$OUT"/logs/*.ncu-rep
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 esac

@@ -137,14 +137,20 @@ class SlotRows:
                                    self.slots)
         self.active = list(range(batch))
 
-    def set_rows(self, slots: list[int]) -> None:
-        """Make row b step slot slots[b] from the position its last forward left (host-side bookkeeping)."""
+    def set_rows(self, slots: list[int], pad: int | None = None) -> None:
+        """Make row b step slot slots[b] from the position its last forward left (host-side bookkeeping). With
+        pad, fewer slots than rows may be given: the rows after them step slot pad (a spare no sequence owns:
+        its rows race on its state, which nothing reads; its position is put back by every call)."""
         n = self.states.n_slots
-        if len(slots) != self.batch or len(set(slots)) != len(slots) or not all(0 <= s < n for s in slots):
-            raise ValueError(f"{self.batch} rows need as many distinct slots in [0, {n}), got {slots}")
+        fill = self.batch - len(slots) if pad is not None else 0
+        if (fill < 0 or len(slots) + fill != self.batch or len(set(slots)) != len(slots) or pad in slots
+                or not all(0 <= s < n for s in list(slots) + ([pad] if fill else []))):
+            raise ValueError(f"{self.batch} rows need as many distinct slots in [0, {n}) (or fewer and a pad "
+                             f"slot), got {slots} (pad {pad})")
+        rows = list(slots) + [pad] * fill
         stream = self.states.stream
-        self.slots.copy_to_device(np.array(slots, np.int32), stream=stream)
-        self.pos.copy_to_device(np.array([self.states.host_pos[s] for s in slots], np.int32), stream=stream)
+        self.slots.copy_to_device(np.array(rows, np.int32), stream=stream)
+        self.pos.copy_to_device(np.array([self.states.host_pos[s] for s in rows], np.int32), stream=stream)
         self.active = list(slots)
 
     def stepped(self) -> None:

@@ -51,8 +51,38 @@ def test_batched_step_equals_single_steps(tmp_path):
     assert [slots.host_pos[s] for s in slot_of] == [len(p) + 2 for p in prompts]
 
 
+@pytest.mark.gpu
+def test_batched_decoder_greedy_equals_the_runner(tmp_path):
+    """engine/batched.BatchedDecoder: three sequences in slots 2, 0, 3 of four step in bucket 4 (one spare row),
+    then two of them in bucket 2 in another order; every token equals the runner's own greedy decode."""
+    from ninfer_numba.engine.batched import BatchedDecoder
+    llm = _tiny_gpu_llm(tmp_path)
+    runner = llm.runner
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, SPEC.n_vocab, n).tolist() for n in (5, 31, 17)]
+    want = []
+    for p in prompts:
+        runner.reset()
+        seq = [int(np.argmax(runner.prefill(p)))]
+        for _ in range(5):
+            seq.append(runner.decode_greedy(seq[-1]))
+        want.append(seq)
+    dec = BatchedDecoder(runner.model, 4, llm.max_seq)
+    assert dec.buckets == [1, 2, 4]
+    slot_of = [2, 0, 3]
+    got = [[dec.prefill(s, p)] for s, p in zip(slot_of, prompts)]
+    for _ in range(3):
+        for g, t in zip(got, dec.step(slot_of, [g[-1] for g in got])):
+            g.append(t)
+    for _ in range(2):                                  # sequence 1 retired: slots 3 and 2, bucket 2
+        for i, t in zip((2, 0), dec.step([3, 2], [got[2][-1], got[0][-1]])):
+            got[i].append(t)
+    assert got[0] == want[0] and got[2] == want[2] and got[1] == want[1][:4]
+    assert dec.host_pos == [len(prompts[1]) + 3, 0, len(prompts[0]) + 5, len(prompts[2]) + 5]
+
+
 def test_slot_rows_check_their_slots():
-    """set_rows takes B distinct slots in range (host-side: no kernel runs)."""
+    """set_rows takes B distinct slots in range, or fewer and a pad slot (host-side: no kernel runs)."""
     from types import SimpleNamespace
 
     from ninfer_numba.engine.cache import SlotRows
@@ -61,3 +91,6 @@ def test_slot_rows_check_their_slots():
     for bad in ([0], [0, 0], [1, 3]):
         with pytest.raises(ValueError, match="distinct slots"):
             rows.set_rows(bad)
+    for bad, pad in (([0, 1, 2], 2), ([0, 1, 2], 0), ([1], 1), ([0], 3)):
+        with pytest.raises(ValueError, match="distinct slots"):
+            rows.set_rows(bad, pad=pad)

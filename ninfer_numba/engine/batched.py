@@ -1,0 +1,142 @@
+"""Batched greedy decode on the CUDA backend: up to 16 sequences, each in a slot of engine/cache.SlotStates,
+advance one token per step in one forward that reads every weight once (kernels/q8/gemv_rows.py).
+
+A step with n active sequences runs the smallest batch-size bucket B >= n (1, 2, 4, 8, 16, and n_slots);
+each bucket is one captured graph: forward(B, rows), then each row's greedy pick (the device argmax of its
+logits row into buf.tokens[b]). Graphs bake in their buffers, not the slot table or the positions, so one
+graph serves any set of active slots. The rows past n step a spare slot (``pad``): they race on its state,
+which no sequence owns, and its position is put back every step, so it never runs out of room. Every matmul
+row and every per-row kernel is independent of the others, so what the spare rows compute reaches nobody.
+
+A sequence enters with ``prefill(s, ids)``: slot s emptied, then the model's ordinary chunked prefill on the
+slot's SequenceState view (eager). ``step(slots, tokens)`` feeds each active sequence its input token and
+returns each one's next. Sampling other than greedy, logprobs and grammars are the single-sequence runner's
+(engine/cuda_runner.py); this is the decode step the scheduler of many clients builds on.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer_numba.engine.cache import SlotStates
+from ninfer_numba.engine.graphs import CudaGraph
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.pdl import programmatic_launches
+from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS
+from ninfer_numba.kernels.sample.device import SampleWorkspace, argmax
+
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+class BatchedDecoder:
+    """n_slots sequences of at most max_seq tokens on the model of a CUDA runner (model/qwen35.Qwen35Gpu, f16
+    KV cache); the model's buffers are shared with that runner, which must not run meanwhile."""
+
+    def __init__(self, model, n_slots: int, max_seq: int, *, pdl: bool = True) -> None:
+        t_max = model.buf.t_max
+        if not 1 <= n_slots <= min(MAX_ROWS, t_max):
+            raise ValueError(f"a batched decoder holds 1 to {min(MAX_ROWS, t_max)} sequences, not {n_slots}")
+        self.model, self.stream, self.max_seq, self.pdl = model, model.stream, max_seq, pdl
+        self.n_slots = n_slots
+        self.buckets = sorted({b for b in BUCKETS if b < n_slots} | {n_slots})
+        self.states = model.new_slots(n_slots + 1, max_seq)        # slot n_slots: the spare rows step
+        self.pad = n_slots
+        vocab = model.logits.shape[1]
+        self._ws = [SampleWorkspace(vocab, stream=self.stream) for _ in range(n_slots)]   # one per row
+        self._pick = cuda.device_array(1, np.int32, stream=self.stream)                   # a prefill's pick
+        self._host_in = cuda.pinned_array(n_slots, np.int32)        # [n_slots] the rows' input tokens
+        self._host_out = cuda.pinned_array(n_slots, np.int32)       # [n_slots] their picks
+        self._graphs: dict[int, CudaGraph] = {}
+        for b in self.buckets:                                      # every kernel once, on the spare slot
+            self._enqueue(b, [])
+        self.stream.synchronize()
+        self.states.reset(self.pad)
+
+    @property
+    def host_pos(self) -> list[int]:
+        """Tokens each slot holds."""
+        return self.states.host_pos[:self.n_slots]
+
+    def bucket(self, n: int) -> int:
+        """The rows a step of n active sequences runs."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"{n} sequences in one step; this decoder holds {self.n_slots}")
+
+    def prefill(self, s: int, ids: list[int]) -> int:
+        """Slot s emptied, then ids run on it in chunks; returns the greedy next token."""
+        if not 0 <= s < self.n_slots:
+            raise ValueError(f"slot {s} outside [0, {self.n_slots})")
+        if not 1 <= len(ids) <= self.max_seq - 1:
+            raise ValueError(f"a prompt of {len(ids)} tokens in a slot of {self.max_seq}")
+        m = self.model
+        self.states.reset(s)
+        view = self.states.view(s)
+        arr = np.asarray(ids, np.int32)
+        for i in range(0, len(arr), m.buf.t_max):
+            part = np.ascontiguousarray(arr[i:i + m.buf.t_max])
+            m.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
+            m.forward(len(part), view)
+        self.states.adopt(s, view)
+        argmax(m.logits[0], self._pick, self._ws[0], stream=self.stream)
+        self._pick.copy_to_host(self._host_out[:1], stream=self.stream)
+        self.stream.synchronize()
+        return int(self._host_out[0])
+
+    def step(self, slots: list[int], tokens: list[int]) -> list[int]:
+        """One token for each sequence in slots (distinct), tokens[i] the input of slots[i]; returns each one's
+        greedy next token."""
+        n = len(slots)
+        if n != len(tokens) or n == 0:
+            raise ValueError(f"{n} slots and {len(tokens)} tokens")
+        full = [s for s in slots if not 0 <= s < self.n_slots or self.states.host_pos[s] + 1 > self.max_seq]
+        if full:
+            raise ValueError(f"slots {full}: outside [0, {self.n_slots}) or at their {self.max_seq} tokens")
+        b = self.bucket(n)
+        self._host_in[:n] = tokens
+        self._host_in[n:b] = 0
+        self.model.buf.tokens[:b].copy_to_device(self._host_in[:b], stream=self.stream)
+        self._enqueue(b, slots)
+        self.model.buf.tokens[:n].copy_to_host(self._host_out[:n], stream=self.stream)
+        self.stream.synchronize()
+        return self._host_out[:n].tolist()
+
+    def timed_steps(self, slots: list[int], first: list[int], n_steps: int) -> float:
+        """Seconds of n_steps steps fed with their own picks (each read back before the next, as a server
+        would), between events on the stream."""
+        start, stop = cuda.event(), cuda.event()
+        start.record(self.stream)
+        toks = list(first)
+        for _ in range(n_steps):
+            toks = self.step(slots, toks)
+        stop.record(self.stream)
+        stop.synchronize()
+        return cuda.event_elapsed_time(start, stop) / 1e3
+
+    # -- the step's launches ---------------------------------------------------------------------------
+    def _kernels(self, b: int) -> None:
+        m, rows = self.model, self.states.rows(b)
+        m.forward(b, rows, logits_rows=b)
+        for r in range(b):                              # each row's pick, where the next step embeds it
+            argmax(m.logits[r], m.buf.tokens[r:r + 1], self._ws[r], stream=self.stream)
+
+    def _enqueue(self, b: int, slots: list[int]) -> None:
+        """Bucket b's step over slots (the rest of its rows on the spare slot): the graph replayed, captured
+        the first time after one eager run (the simulator has no graphs: there it runs eagerly)."""
+        rows = self.states.rows(b)
+        rows.set_rows(slots, pad=self.pad)
+        pos = list(self.states.host_pos)
+        if SIMULATOR or b not in self._graphs and not getattr(rows, "warm", False):
+            self._kernels(b)                             # forward counts the active slots itself
+            rows.warm = True
+        else:
+            graph = self._graphs.get(b)
+            if graph is None:
+                graph = self._graphs[b] = CudaGraph(self.stream)
+                with graph.capture(), programmatic_launches(self.pdl):    # records only: nothing runs
+                    self._kernels(b)
+                self.states.host_pos[:] = pos            # the capture's forward counted; the replay below counts
+            graph.launch()
+            for s in slots:
+                self.states.host_pos[s] += 1
+        self.states.host_pos[self.pad] = 0
