@@ -14,13 +14,21 @@ chunk of tokens:
 The host only enqueues: shard 0 may start chunk i + 1 while shard 1 still runs chunk i. Each boundary has
 two bridge buffers (chunk parity) and a "consumed" event per buffer, so a chunk never overwrites a buffer
 the next shard has not copied in yet. A decode step replays one captured graph per shard (copy in, forward,
-copy out; the events stay outside the graphs), two per shard for the two bridge parities, captured with
-programmatic launches as the plain runner's step. A greedy step (decode_greedy) ends the last shard's graph
-with the device argmax and brings back 4 bytes; decode() brings back the logits row into pinned memory.
+copy out; the events stay outside the graphs), two per shard for the two bridge parities (one with a single
+shard, which has no bridge), captured with programmatic launches as the plain runner's step. A greedy step
+(decode_greedy) ends the last shard's graph with the device argmax and brings back 4 bytes; decode() brings
+back the logits row into pinned memory.
+
+Host work per greedy step is the plain runner's: with one shard the argmax writes the shard's own token
+buffer, where the next step's embedding reads it, so a step fed its last pick uploads nothing (launch, 4
+bytes back, synchronize); with several the pick reaches shard 0 through the host. _on(device) pushes a
+device's context (cuda.gpus[d]: a lock, four driver calls in and two out) only when it is not current:
+never in a step when all shards share a device, which __init__ makes current (as the plain runner does).
 """
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +42,8 @@ from ninfer_numba.kernels.sample.device import SampleWorkspace, argmax
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.model.qwen35 import Qwen35Gpu
 from ninfer_numba.model.weights import ModelWeights
+
+_SAME_DEVICE = nullcontext()       # _on's answer when the device's context is current already (reusable)
 
 
 def _event():
@@ -77,9 +87,15 @@ class ShardedCudaRunner:
         sizes = {n: t.nbytes for n, t in weights.file.tensors.items()}
         self.plan = plan_shards(*layer_costs(sizes, c), devices=devices, tied=c.tied_embeddings)
         t0 = time.perf_counter()
+        # each device's primary context, which _on compares with the current one (the simulator has none)
+        self._ctx, self._current_ctx = None, None
+        if not SIMULATOR:
+            self._current_ctx = cuda.cudadrv.driver.driver.cuCtxGetCurrent
+            self._ctx = {d: int(cuda.gpus[d].get_primary_context().handle) for d in {s.device for s in self.plan}}
+            cuda.select_device(self.plan[0].device)
         self.workers: list[_Worker] = []
         for sh in self.plan:
-            with cuda.gpus[sh.device]:
+            with self._on(sh.device):
                 stream = cuda.stream()
                 gw = GpuWeights(weights, layers=sh.layers, embedding=sh.embedding, head=sh.head, log=log)
                 model = Qwen35Gpu(gw, engine, stream)
@@ -89,20 +105,25 @@ class ShardedCudaRunner:
                     w.bridge_in = [_portable_pinned(n) for _ in range(2)]      # [t_max·E] float32 each
                     w.consumed_in = [_event() for _ in range(2)]              # recorded here, waited on there
             if self.workers:
-                with cuda.gpus[self.workers[-1].shard.device]:               # recorded by the previous shard
+                with self._on(self.workers[-1].shard.device):                # recorded by the previous shard
                     w.ready_in = [_event() for _ in range(2)]
             self.workers.append(w)
-        with cuda.gpus[self.plan[0].device]:
-            self._host_tok = cuda.pinned_array(self.workers[0].model.buf.t_max, np.int32)   # ids of a chunk
+        first, last = self.workers[0], self.workers[-1]
+        self._parities = 2 if len(self.workers) > 1 else 1       # one shard has no bridge: one graph is enough
+        with self._on(first.shard.device):
+            self._host_tok = cuda.pinned_array(first.model.buf.t_max, np.int32)   # ids of a chunk
             self._tok_copied = _event()
-        last = self.workers[-1]
-        with cuda.gpus[last.shard.device]:                  # a greedy step's choice, on the last shard
+            # a decode step's token: views made once (a numba device-array slice costs tens of µs)
+            self._host_tok1, self._dev_tok1 = self._host_tok[:1], first.model.buf.tokens[:1]
+        with self._on(last.shard.device):                   # a greedy step's choice, on the last shard
             vocab = last.model.logits.shape[1]              # the head's rows (the vocabulary)
             self._sample_ws = SampleWorkspace(vocab, stream=last.stream)
-            self._dev_tok = cuda.device_array(1, np.int32, stream=last.stream)          # [1] argmax
+            # [1] argmax; one shard: tokens[0] itself, read by the next step's embedding (module docstring)
+            self._dev_tok = self._dev_tok1 if first is last else cuda.device_array(1, np.int32, stream=last.stream)
             self._pick = cuda.pinned_array(1, np.int32)                                  # its host copy
             self._host_logits = cuda.pinned_array(vocab, np.float32)                 # decode()'s row
         self._chunks = 0                    # chunks enqueued: their parity picks the bridge buffers
+        self._tok_on_device: int | None = None   # the pick that _dev_tok1 holds (one shard), else None
         self.trace: list | None = None      # a list: (shard, chunk, start, end event) of every eager body
         self._step_graphs: dict[tuple, CudaGraph] | None = None   # (shard, parity, pick) -> decode graph
         self.reset()
@@ -114,23 +135,29 @@ class ShardedCudaRunner:
         self._step_graphs = None if SIMULATOR else {}      # graphs only once every kernel has run
         self.compile_seconds = time.perf_counter() - t0
 
+    def _on(self, device: int):
+        """Context manager: device's context current inside. numba's cuda.gpus[device] pushes it and pops it
+        again each time; that is skipped (one driver query instead) when it already is the current one."""
+        if self._ctx is None or int(self._current_ctx()) == self._ctx[device]:
+            return _SAME_DEVICE
+        return cuda.gpus[device]
+
     # -- the chain of shards -----------------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, logits_rows: int, greedy: bool = False) -> None:
-        """Enqueue one chunk (t <= prefill_chunk tokens) through every shard; nothing waits on the host. A
-        single token (a decode step) replays each shard's captured graph for the bridge parity in use; greedy:
-        the last shard also writes the argmax of its logits row into _dev_tok."""
+    def _forward(self, ids, logits_rows: int, greedy: bool = False) -> None:
+        """Enqueue one chunk (ids: t <= prefill_chunk tokens) through every shard; nothing waits on the host.
+        A single token (a decode step) replays each shard's captured graph for the bridge parity in use;
+        greedy: the last shard also writes the argmax of its logits row into _dev_tok and copies it to _pick.
+        The ids go up to shard 0 unless they are the one token its buffer already holds (_tok_on_device)."""
         t = len(ids)
-        p = self._chunks % 2
+        p = self._chunks % self._parities
         self._chunks += 1
-        first = self.workers[0]
-        with cuda.gpus[first.shard.device]:
-            self._tok_copied.synchronize()                  # the previous chunk's ids have left the staging
-            self._host_tok[:t] = ids
-            first.model.buf.tokens[:t].copy_to_device(self._host_tok[:t], stream=first.stream)
-            self._tok_copied.record(first.stream)
+        upload = t > 1 or ids[0] != self._tok_on_device
+        self._tok_on_device = None          # decode_greedy sets it again once this step's pick is back
         last = len(self.workers) - 1
         for k, w in enumerate(self.workers):
-            with cuda.gpus[w.shard.device]:
+            with self._on(w.shard.device):
+                if k == 0 and upload:
+                    self._upload(ids)
                 if k:
                     w.ready_in[p].wait(w.stream)
                 if k < last:
@@ -148,6 +175,20 @@ class ShardedCudaRunner:
                         self.trace.append((k, self._chunks - 1, marks[0], _timing_event(w.stream)))
                 if k < last:
                     self.workers[k + 1].ready_in[p].record(w.stream)
+                if pick:
+                    self._dev_tok.copy_to_host(self._pick, stream=w.stream)
+
+    def _upload(self, ids) -> None:
+        """ids -> shard 0's token buffer through the pinned staging, on its stream (its device current)."""
+        t, s = len(ids), self.workers[0].stream
+        self._tok_copied.synchronize()                  # the previous chunk's ids have left the staging
+        if t == 1:
+            self._host_tok1[0] = ids[0]
+            self._dev_tok1.copy_to_device(self._host_tok1, stream=s)
+        else:
+            self._host_tok[:t] = ids
+            self.workers[0].model.buf.tokens[:t].copy_to_device(self._host_tok[:t], stream=s)
+        self._tok_copied.record(s)
 
     def _shard_body(self, k: int, t: int, p: int, logits_rows: int, record_consumed: bool = False,
                     pick: bool = False) -> None:
@@ -200,14 +241,14 @@ class ShardedCudaRunner:
 
     def _logits(self, n: int) -> np.ndarray:
         w = self._last
-        with cuda.gpus[w.shard.device]:
+        with self._on(w.shard.device):
             out = w.model.logits[:n].copy_to_host(stream=w.stream)
             w.stream.synchronize()
         return out
 
     def _sync(self) -> None:
         for w in self.workers:
-            with cuda.gpus[w.shard.device]:
+            with self._on(w.shard.device):
                 w.stream.synchronize()
 
     def _check_room(self, n: int) -> None:
@@ -224,8 +265,9 @@ class ShardedCudaRunner:
         return self._last.state.host_pos
 
     def reset(self) -> None:
+        self._tok_on_device = None
         for w in self.workers:
-            with cuda.gpus[w.shard.device]:
+            with self._on(w.shard.device):
                 w.state.reset(w.stream)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
@@ -235,20 +277,22 @@ class ShardedCudaRunner:
     def decode(self, token: int) -> np.ndarray:
         self._run([token])
         w = self._last
-        with cuda.gpus[w.shard.device]:
+        with self._on(w.shard.device):
             w.model.logits[0].copy_to_host(self._host_logits, stream=w.stream)    # pinned: no staging
             w.stream.synchronize()
         return self._host_logits.copy()
 
     def decode_greedy(self, token: int) -> int:
-        """One step whose choice is made on the last shard's device: 4 bytes cross to the host."""
+        """One step whose choice is made on the last shard's device: 4 bytes cross to the host (and 4 go up
+        first unless the token is the pick shard 0's buffer holds already)."""
         self._check_room(1)
-        self._forward(np.array([token], np.int32), 1, greedy=True)
+        self._forward((token,), 1, greedy=True)        # enqueues the pick's copy into _pick too
         w = self._last
-        with cuda.gpus[w.shard.device]:
-            self._dev_tok.copy_to_host(self._pick, stream=w.stream)
+        with self._on(w.shard.device):
             w.stream.synchronize()
-        return int(self._pick[0])
+        pick = int(self._pick[0])
+        self._tok_on_device = pick if self._dev_tok is self._dev_tok1 else None    # one shard: in its buffer
+        return pick
 
     def all_logits(self, ids: list[int]) -> np.ndarray:
         rows = []

@@ -2,8 +2,9 @@
 share one device here and cross through pinned host memory as between devices, so the logits are equal bit
 for bit (the same kernels on the same numbers; a float32 hidden state copied, never rounded).
 
-GPU: 2 and 4 shards against the plain cuda runner, prefill in three chunks and greedy steps. Simulator: the
-orchestration with a stub model (the real forward takes minutes per chunk there)."""
+GPU: 1, 2 and 4 shards against the plain cuda runner, prefill in three chunks and greedy steps. Simulator:
+the orchestration and the greedy steps' token hand-back with a stub model (the real forward takes minutes per
+chunk there)."""
 import numpy as np
 import pytest
 
@@ -93,6 +94,56 @@ def test_the_chain_of_shards_hands_every_chunk_through(tiny_novocab, monkeypatch
     assert runner.position == 0
 
 
+class _PickStub(_StubModel):
+    """_StubModel whose logits rows give the argmax a meaning: row r peaks at column x_r mod 61 (x_r the
+    value the stub's head copies)."""
+
+    def forward(self, t, st, logits_rows=1):
+        super().forward(t, st, logits_rows)
+        if self.gw.head:
+            x = self.logits[:logits_rows].copy_to_host()[:, :1].astype(np.int64)
+            ramp = -np.abs(np.arange(self.logits.shape[1]) - x % 61)
+            self.logits[:logits_rows].copy_to_device(ramp.astype(np.float32))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("gpus", ["0,", "0,0"])
+def test_greedy_steps_feed_the_device_pick_back(tiny_novocab, monkeypatch, gpus):
+    """decode_greedy under the simulator (eager steps: the graphs are GPU-only): one shard's argmax lands in
+    its own token buffer, so a step fed that pick uploads nothing; with two shards every token goes up
+    through the host. A token other than the last pick, or one after a prefill, is uploaded either way."""
+    from types import SimpleNamespace
+
+    from ninfer_numba import LLM
+    from ninfer_numba.engine import sharded_runner
+    from ninfer_numba.kernels.numba_env import SIMULATOR
+    if not SIMULATOR:
+        pytest.skip("simulator test")
+
+    def weights(w, *, layers, embedding, head, log=None):
+        return SimpleNamespace(config=w.config, layers=list(layers), embedding=embedding, head=head)
+    monkeypatch.setattr(sharded_runner, "GpuWeights", weights)
+    monkeypatch.setattr(sharded_runner, "Qwen35Gpu", _PickStub)
+    runner = LLM(tiny_novocab, backend="cuda", max_seq=16, prefill_chunk=3, gpus=gpus).runner
+    n, one = runner.config.n_layer, gpus == "0,"
+    assert len(runner.workers) == (1 if one else 2)
+    uploads, upload = [], runner._upload
+    monkeypatch.setattr(runner, "_upload", lambda ids: (uploads.append([int(i) for i in ids]), upload(ids)))
+
+    def pick(tok):
+        return int(_stub_value(tok, n)) % 61
+    runner.prefill([5, 1, 7])
+    a = runner.decode_greedy(5)
+    b = runner.decode_greedy(a)
+    c = runner.decode_greedy(9)
+    d = runner.decode_greedy(c)
+    assert [a, b, c, d] == [pick(5), pick(a), pick(9), pick(c)] and len({5, a, b, 9, c, d}) == 6
+    assert uploads[1:] == ([[5], [9]] if one else [[5], [a], [9], [c]])
+    assert runner.position == 7 and all(w.state.host_pos == 7 for w in runner.workers)
+    runner.prefill([3, d])                   # the buffer now starts with 3: d must go up again
+    assert runner.decode_greedy(d) == pick(d) and uploads[-1] == [d] and runner.position == 10
+
+
 @pytest.mark.gpu
 def test_shards_equal_the_cuda_runner(tmp_path):
     from ninfer_numba import LLM
@@ -104,7 +155,7 @@ def test_shards_equal_the_cuda_runner(tmp_path):
     prompt = np.random.default_rng(3).integers(0, SPEC.n_vocab, 70).tolist()      # chunks of 32, 32, 6
     whole = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, prefix_cache_mb=0)
     want_logits, want_tokens = whole.logits(prompt), _greedy(whole, prompt, 8)
-    for gpus in ("0,0", "0,0,0,0"):
+    for gpus in ("0,", "0,0", "0,0,0,0"):      # one shard: its pick fed back without an upload
         llm = LLM(path, backend="cuda", max_seq=96, prefill_chunk=32, gpus=gpus)
         np.testing.assert_array_equal(llm.logits(prompt), want_logits)
         assert _greedy(llm, prompt, 8) == want_tokens
