@@ -23,8 +23,8 @@ import statistics
 from collections import defaultdict
 
 
-def record_step(runner) -> list[tuple]:
-    """(dispatcher, grid, block, sharedmem, args) of every launch of one eager decode step."""
+def record_launches(enqueue, stream) -> list[tuple]:
+    """(dispatcher, grid, block, sharedmem, args) of every launch enqueue() makes (eagerly, on stream)."""
     import numba.cuda.dispatcher as nd
     launches, original = [], nd._LaunchConfiguration.__call__
 
@@ -33,12 +33,40 @@ def record_step(runner) -> list[tuple]:
         return original(self, *args)
     nd._LaunchConfiguration.__call__ = recording
     try:
-        runner._set_token(1)
-        runner._decode_step_kernels(sampled=False)
-        runner.stream.synchronize()
+        enqueue()
+        stream.synchronize()
     finally:
         nd._LaunchConfiguration.__call__ = original
     return launches
+
+
+def record_step(runner) -> list[tuple]:
+    """Every launch of one eager decode step of a CUDA runner."""
+    runner._set_token(1)
+    return record_launches(lambda: runner._decode_step_kernels(sampled=False), runner.stream)
+
+
+def kernel_rows(launches) -> list[dict]:
+    """Each kernel's launches replayed alone from a graph of 20 copies: per kernel name, launches, µs summed
+    and bytes passed, slowest first."""
+    from benchmarks.timing import time_graph
+    per_kernel = defaultdict(lambda: {"launches": 0, "us": 0.0, "bytes": 0})
+    for disp, grid, block, shmem, args in launches:
+        ms = time_graph(lambda s: disp[grid, block, s, shmem](*args), n_inner=20, reps=5).median_ms
+        row = per_kernel[disp.py_func.__qualname__.replace(".<locals>.", ":")]
+        row["launches"] += 1
+        row["us"] += 1e3 * ms
+        row["bytes"] += device_bytes(args)
+    return sorted(({"kernel": k, **v} for k, v in per_kernel.items()), key=lambda r: -r["us"])
+
+
+def print_kernel_rows(rows: list[dict], copy_gbps: float, limit: int | None = None) -> None:
+    total = sum(r["us"] for r in rows)
+    print(f"{'kernel':58s} {'n':>4s} {'us':>9s} {'share':>6s} {'MB':>9s} {'GB/s':>7s} {'%copy':>6s}")
+    for r in rows[:limit]:
+        gbs = r["bytes"] / (r["us"] * 1e3) if r["us"] else float("nan")
+        print(f"{r['kernel'][:58]:58s} {r['launches']:4d} {r['us']:9.1f} {100 * r['us'] / total:5.1f}% "
+              f"{r['bytes'] / 1e6:9.2f} {gbs:7.0f} {100 * gbs / copy_gbps:5.1f}%")
 
 
 def device_bytes(args) -> int:
@@ -54,30 +82,18 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pdl", action="store_true", help="decode graphs without programmatic launches")
     a = ap.parse_args(argv)
     from benchmarks.ceilings import measure_ceilings
-    from benchmarks.timing import time_graph
     from ninfer_numba import LLM
     llm = LLM(a.model, backend="cuda", max_seq=a.depth + 4096, prefix_cache_mb=0, pdl=not a.no_pdl)
     step_ms = 1e3 * llm.bench_decode(64, a.depth) / 64
     copy_gbps = measure_ceilings()["copy_gbps"] or 4250.0
     runner = llm.runner
     launches = record_step(runner)
-    per_kernel = defaultdict(lambda: {"launches": 0, "us": 0.0, "bytes": 0})
-    for disp, grid, block, shmem, args in launches:
-        ms = time_graph(lambda s: disp[grid, block, s, shmem](*args), n_inner=20, reps=5).median_ms
-        row = per_kernel[disp.py_func.__qualname__.replace(".<locals>.", ":")]
-        row["launches"] += 1
-        row["us"] += 1e3 * ms
-        row["bytes"] += device_bytes(args)
-    rows = sorted(({"kernel": k, **v} for k, v in per_kernel.items()), key=lambda r: -r["us"])
+    rows = kernel_rows(launches)
     total = sum(r["us"] for r in rows)
     print(f"decode step at depth {a.depth}: {step_ms * 1e3:.1f} us per token (graph replay + token read); "
           f"{len(launches)} kernels, {total:.1f} us summed alone; gap {step_ms * 1e3 - total:.1f} us; copy "
           f"{copy_gbps:,.0f} GB/s")
-    print(f"{'kernel':58s} {'n':>4s} {'us':>9s} {'share':>6s} {'MB':>9s} {'GB/s':>7s} {'%copy':>6s}")
-    for r in rows:
-        gbs = r["bytes"] / (r["us"] * 1e3) if r["us"] else float("nan")
-        print(f"{r['kernel'][:58]:58s} {r['launches']:4d} {r['us']:9.1f} {100 * r['us'] / total:5.1f}% "
-              f"{r['bytes'] / 1e6:9.2f} {gbs:7.0f} {100 * gbs / copy_gbps:5.1f}%")
+    print_kernel_rows(rows, copy_gbps)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"model": a.model, "depth": a.depth, "step_us": step_ms * 1e3, "kernels_us": total,

@@ -35,6 +35,9 @@
 #   STAGE=batched_shards: the batched decoder's and the shards' GPU tests, benchmarks.e2e.batched_decode on the
 #               9b file (aggregate and per-stream t/s at 1-16 streams), shard_bridge --check none, then ncu of
 #               the coded-cache partial in what is left of 400 s
+#   STAGE=ring: the B-row GEMVs' and the batched step's GPU tests, bench_gemm's gemv, rows (ring and tiles)
+#               and the ring's sweep on the 9b shapes, then batched_decode on the 9b file with a profile of
+#               the 16-row step, and the 27b shapes' rows in what is left of 560 s
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -256,6 +259,26 @@ batched_shards)
   grep -E "Duration|Memory Throughput|DRAM Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Compute \(SM\)" \
     "$OUT/logs/kvq_partial_details.txt" | head -14
   rm -f "$OUT"/logs/*.ncu-rep
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+ring)
+  left() { echo $(( 560 - SECONDS > 10 ? 560 - SECONDS : 10 )); }
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 200 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_gemv_rows.py tests/model/test_batched_decode.py \
+    -p no:cacheprovider --durations=4 > "$OUT/logs/test_ring_gpu.log" 2>&1
+  say "B-row GEMV and batched step GPU tests (exit $?): $(tail -1 "$OUT/logs/test_ring_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_ring_gpu.log" | cut -c1-300 | head -10
+  timeout 200 python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows,sweep --out "$OUT/bench_gemm.jsonl" \
+    > "$OUT/logs/bench_rows_9b.log" 2>&1
+  say "bench_gemm 9b gemv, rows, sweep (exit $?):"; grep -E "gemv_q8|rows|ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
+  wait $gen
+  timeout $(left) python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --profile 16 \
+    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
+  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -40
+  timeout $(left) python3 -m benchmarks.kernels.bench_gemm --model 27b --only rows --out "$OUT/bench_gemm.jsonl" \
+    > "$OUT/logs/bench_rows_27b.log" 2>&1
+  say "bench_gemm 27b rows (exit $?):"; grep -E "rows" "$OUT/logs/bench_rows_27b.log" | cut -c1-120
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 esac

@@ -1,6 +1,6 @@
 """Microbenchmark of the decode GEMV and the activation quantizers, timed inside replayed CUDA graphs.
 
-    python -m benchmarks.kernels.bench_gemm [--model 9b|27b] [--only gemv,step,quant] [--out FILE]
+    python -m benchmarks.kernels.bench_gemm [--model 9b|27b] [--only gemv,rows,sweep,step,quant] [--out FILE]
     .venv/bin/python -m pytest benchmarks/kernels/bench_gemm.py      (pytest-benchmark variants)
 
 The prefill GEMMs have their own benchmark, side by side with cuBLAS: benchmarks/kernels/bench_prefill_gemm.py.
@@ -94,16 +94,41 @@ def bench_gemv(c, rng):
     return rows
 
 
-def bench_gemv_rows(c, rng, batches=(1, 2, 4, 8, 16)):
-    """The batched decode GEMV (q8/gemv_rows.py) at B active rows beside the single-row GEMV on each shape:
-    a weight-bound kernel should cost about the same at any B (the `x single` column)."""
+def bench_gemv_rows(c, rng, batches=(1, 2, 4, 8, 16), impls=("ring", "tiles")):
+    """The batched decode GEMV (q8/gemv_rows.py: impl "ring" streams through shared memory, "tiles" is the
+    first version) at B active rows beside the single-row GEMV on each shape: a weight-bound kernel should
+    cost about the same at any B (the `x single` column)."""
     rows = []
     for name, n, k in gemv_shapes(c):
         single = _time_gemv(rng, n, k, 1, lambda wq, ws, xq, xs, out, s: gemv_q8(wq, ws, xq, xs, out, stream=s))
+        for impl in impls:
+            for b in batches:
+                ms = _time_gemv(rng, n, k, b, lambda wq, ws, xq, xs, out, s: gemv_rows_q8(
+                    wq, ws, xq, xs, out, impl=impl, stream=s))
+                row = _gemv_row(f"rows {impl} B{b}", f"{name} {n}x{k}", _gemv_bytes(n, k, b), 2 * b * n * k, ms)
+                rows.append(dict(row, batch=b, impl=impl, x_single=ms / single))
+    return rows
+
+
+def bench_ring_sweep(c, rng, batches=(8, 16)):
+    """The ring kernel's (warps per block, stages) and splits around its defaults on the 9B-like shapes
+    whose tiles fill the SMs differently (q8/gemv_rows_ring.py choose_splits): which setting the hardware
+    prefers, not the model."""
+    from ninfer_numba.kernels.q8.gemv_rows_ring import choose_splits, gemv_rows_ring_q8, smem_bytes
+    configs = {1: [(8, 3), (4, 3), (8, 2), (6, 3)], 2: [(6, 3), (8, 2), (4, 3)]}
+    rows = []
+    for name, n, k in gemv_shapes(c)[:3] + gemv_shapes(c)[4:5]:
         for b in batches:
-            ms = _time_gemv(rng, n, k, b, lambda wq, ws, xq, xs, out, s: gemv_rows_q8(wq, ws, xq, xs, out, stream=s))
-            row = _gemv_row(f"gemv_rows_q8 B{b}", f"{name} {n}x{k}", _gemv_bytes(n, k, b), 2 * b * n * k, ms)
-            rows.append(dict(row, batch=b, x_single=ms / single))
+            nt = (b + 7) // 8
+            for warps, stages in configs[nt]:
+                if smem_bytes(nt, warps, stages) > 227 * 1024:
+                    continue
+                auto = choose_splits(n, k, warps, stages, 132)
+                for sp in sorted({auto, *[s for s in (1, 2, 4) if warps % s == 0]}):
+                    ms = _time_gemv(rng, n, k, b, lambda wq, ws, xq, xs, out, s: gemv_rows_ring_q8(
+                        wq, ws, xq, xs, out, config=(warps, stages), splits=sp, stream=s))
+                    tag = f"ring {warps}w{stages}s S{sp}{'*' if sp == auto else ''} B{b}"
+                    rows.append(_gemv_row(tag, f"{name} {n}x{k}", _gemv_bytes(n, k, b), 2 * b * n * k, ms))
     return rows
 
 
@@ -151,18 +176,18 @@ def bench_quant(c, rng):
 
 
 def _print(rows):
-    print(f"{'kernel':<22} {'shape':<34} {'us':>10} {'GB/s':>8} {'TOPS':>8} {'% ceil':>7}  ceiling")
+    print(f"{'kernel':<26} {'shape':<30} {'us':>10} {'GB/s':>8} {'TOPS':>8} {'% ceil':>7}  ceiling")
     for r in rows:
         gbs = f"{r['GBs']:.0f}" if "GBs" in r else "-"
         tops = f"{r['TOPS']:.1f}" if "TOPS" in r else "-"
         rel = f"  {r['x_single']:.2f}x single" if "x_single" in r else ""
-        print(f"{r['kernel']:<22} {r['shape']:<34} {r['us']:>10.1f} {gbs:>8} {tops:>8} {r['pct']:>6.1f}%  {r['ceiling']}{rel}")
+        print(f"{r['kernel']:<26} {r['shape']:<30} {r['us']:>10.1f} {gbs:>8} {tops:>8} {r['pct']:>6.1f}%  {r['ceiling']}{rel}")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="9b")
-    ap.add_argument("--only", default="gemv,step,quant", help="comma list of gemv, rows, step, quant")
+    ap.add_argument("--only", default="gemv,step,quant", help="comma list of gemv, rows, sweep, step, quant")
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args(argv)
     c = MODELS[args.model]
@@ -173,6 +198,8 @@ def main(argv=None) -> None:
         rows += bench_gemv(c, rng)
     if "rows" in parts:
         rows += bench_gemv_rows(c, rng)
+    if "sweep" in parts:
+        rows += bench_ring_sweep(c, rng)
     if "step" in parts:
         rows += bench_decode_step(c, rng)
     if "quant" in parts:

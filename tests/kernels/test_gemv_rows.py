@@ -1,10 +1,12 @@
-"""Batched decode GEMV on int8 tensor cores (q8/gemv_rows.py) against q8_matmul_ref, within q8_error_bound
-(the block products are exact int32, as in the single-row GEMV: see test_gemv_q8.py)."""
+"""Batched decode GEMV on int8 tensor cores (q8/gemv_rows.py and its shared-memory ring version,
+q8/gemv_rows_ring.py) against q8_matmul_ref, within q8_error_bound (the block products are exact int32, as
+in the single-row GEMV: see test_gemv_q8.py)."""
 import numpy as np
 import pytest
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
+from ninfer_numba.kernels.q8.gemv_rows_ring import CONFIG, choose_splits, gemv_rows_ring_q8, smem_bytes
 from ninfer_numba.kernels.q8.ref import random_q8_operands
 from test_gemv_q8 import check_q8_product
 
@@ -12,13 +14,13 @@ RUNNABLE = pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs 
 GPU = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
 
 
-def _run_rows(b, n, k, accumulate, seed, unroll=None):
+def _run_rows(b, n, k, accumulate, seed, product=None, **kw):
     rng = np.random.default_rng(seed)
     wq, ws, xq, xs = random_q8_operands(rng, b, n, k)
     prior = rng.standard_normal((b, n)).astype(np.float32) if accumulate else None
     out = cuda.to_device(prior if accumulate else np.full((b, n), np.nan, np.float32))      # [B, N]
-    gemv_rows_q8(cuda.to_device(wq), cuda.to_device(ws), cuda.to_device(xq), cuda.to_device(xs), out,
-                 accumulate=accumulate, unroll=unroll)
+    (product or gemv_rows_q8)(cuda.to_device(wq), cuda.to_device(ws), cuda.to_device(xq), cuda.to_device(xs),
+                              out, accumulate=accumulate, **kw)
     check_q8_product(out.copy_to_host(), wq, ws, xq, xs, prior)
 
 
@@ -35,13 +37,41 @@ def test_gemv_rows_small(b, n, k, accumulate, unroll):
     _run_rows(b, n, k, accumulate, seed=b * 7919 + n * 31 + k, unroll=unroll)
 
 
+@pytest.mark.cudasim
+@RUNNABLE
+@pytest.mark.parametrize("b,n,k,accumulate,config,splits", [
+    (1, 1, 256, False, (2, 3), 1),       # one stage: the ring's prologue issues it, the loop waits for it
+    (3, 17, 1024, True, (2, 2), 1),      # two stages of a two-slot ring; a second, partial tile
+    (8, 40, 1280, False, (4, 3), 2),     # 5 stages over 2 splits (2 and 3); tiles of a block past N
+    (11, 9, 768, True, (6, 3), 3),       # two activation tiles, rows 11-15 never loaded; 3 splits
+    (16, 33, 512, False, (4, 2), 4),     # more splits than stages: two splits have nothing to do
+], ids=["B1-N1-K256", "B3-N17-K1024-acc", "B8-N40-K1280-S2", "B11-N9-K768-acc-S3", "B16-N33-K512-S4"])
+def test_gemv_rows_ring_small(b, n, k, accumulate, config, splits):
+    """The ring kernel at small shapes: slots reused in turn (more stages than slots), uneven splits, rows
+    and activation rows past the ends; a slot read before its copies land or a split left out fails."""
+    _run_rows(b, n, k, accumulate, seed=b * 131 + n + k, product=gemv_rows_ring_q8, config=config,
+              splits=splits)
+
+
+def test_ring_splits_fill_waves_and_fit_shared_memory():
+    """choose_splits on the 9B's shapes at 132 SMs: gate|up (1536 tiles) in 2 splits (3072 warps: 2.9
+    waves of 8 warps x 132 against 1.45 unsplit), down (256 tiles, 48 stages) in 4 (0.97 of a wave), the
+    output head unsplit; every CONFIG's ring fits the 227 KB an H100/H200 block may have."""
+    warps, stages = CONFIG[1]
+    assert choose_splits(24576, 4096, warps, stages, 132) == 2
+    assert choose_splits(4096, 12288, warps, stages, 132) == 4
+    assert choose_splits(248320, 4096, warps, stages, 132) == 1
+    assert all(smem_bytes(t, w, s) <= 227 * 1024 for t, (w, s) in CONFIG.items())
+
+
 @GPU
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["ring", "tiles"])
 @pytest.mark.parametrize("b", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("n,k", [(4096, 12288), (24576, 4096), (5120, 17408), (6144 + 48, 5120)],
                          ids=["down-9b", "gate-up-9b", "down-27b", "odd-rows"])
-def test_gemv_rows_model_shapes(b, n, k):
-    _run_rows(b, n, k, accumulate=b % 2 == 0, seed=b + n + k)
+def test_gemv_rows_model_shapes(b, n, k, impl):
+    _run_rows(b, n, k, accumulate=b % 2 == 0, seed=b + n + k, impl=impl)
 
 
 def test_gemv_rows_rejects_bad_shapes():
@@ -50,3 +80,5 @@ def test_gemv_rows_rejects_bad_shapes():
         gemv_rows_q8(w, None, np.zeros((MAX_ROWS + 1, 64), np.int8), None, None)
     with pytest.raises(ValueError, match="shapes"):
         gemv_rows_q8(w, None, np.zeros((2, 64), np.int8), None, np.zeros((16, 2), np.float32))
+    with pytest.raises(ValueError, match="ring kernel needs K"):
+        gemv_rows_q8(w, w, np.zeros((2, 64), np.int8), w, np.zeros((2, 16), np.float32), impl="ring")

@@ -21,6 +21,9 @@ steps of UNROLL blocks whose loads are all issued before the step's first mma (a
 blocks past K/32, after clamped loads). The warps' float32 sums meet in shared memory, warp 0 stores.
 Grid ceil(N / 16) blocks. Rows past N and activation rows past B are loaded clamped and never stored.
 Error: as the single-row GEMV's, q8.ref.q8_error_bound (any summation order of K/32 terms).
+
+gemv_rows_q8 runs q8/gemv_rows_ring.py's kernel (weights streamed through shared memory by cp.async) where
+K % 256 == 0, as on every model's shapes; this kernel is the path for the rest.
 """
 from functools import lru_cache
 
@@ -31,6 +34,7 @@ from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.q8.gemm_mma import _MAGIC_BITS, _biased_to_f32
+from ninfer_numba.kernels.q8.gemv_rows_ring import STAGE_K, gemv_rows_ring_q8
 from ninfer_numba.kernels.q8.ref import QK, q8_matmul_ref  # noqa: F401  (reference of this family)
 
 NW = 8                       # warps per block, splitting K
@@ -124,16 +128,28 @@ def _gemv_rows_kernel(n_tiles: int, unroll: int):
     return gemv_rows
 
 
-def gemv_rows_q8(wq, ws, xq, xs, out, *, accumulate=False, unroll=None, stream=0):
+def _aligned16(a) -> bool:
+    """The array's first byte is 16-byte aligned (the simulator's twins check offsets within the array)."""
+    return SIMULATOR or a.device_ctypes_pointer.value % 16 == 0
+
+
+def gemv_rows_q8(wq, ws, xq, xs, out, *, accumulate=False, unroll=None, impl=None, stream=0):
     """out = x W^T (or out += x W^T) for B <= 16 activation rows. wq: [N, K] int8, ws: [N, K/32] float16,
     xq: [B, K] int8, xs: [B, K/32] float32, out: [B, N] float32. K % 32 == 0; wq and xq start 8-byte aligned
-    (device allocations are 256-byte aligned)."""
+    (device allocations are 256-byte aligned). impl: "ring" (q8/gemv_rows_ring.py: K % 256 == 0 and every
+    input 16-byte aligned), "tiles" (this file's kernel) or None: the ring wherever it applies."""
     n_rows, k = wq.shape
     n_act = xq.shape[0]
     if not 1 <= n_act <= MAX_ROWS:
         raise ValueError(f"gemv_rows_q8 takes 1 to {MAX_ROWS} activation rows, got {n_act}")
     if k % QK or xq.shape[1] != k or out.shape != (n_act, n_rows):
         raise ValueError(f"shapes: wq {wq.shape}, xq {xq.shape}, out {out.shape} (K a multiple of {QK})")
+    ring_ok = k % STAGE_K == 0 and all(_aligned16(a) for a in (wq, ws, xq, xs))
+    if impl == "ring" and not ring_ok:
+        raise ValueError(f"the ring kernel needs K % {STAGE_K} == 0 and 16-byte aligned inputs (K {k})")
+    if impl == "ring" or impl is None and ring_ok:
+        gemv_rows_ring_q8(wq, ws, xq, xs, out, accumulate=accumulate, stream=stream)
+        return
     n_tiles = (n_act + 7) // 8
     kernel = _gemv_rows_kernel(n_tiles, unroll or UNROLL[n_tiles - 1])
     kernel[(n_rows + ROWS - 1) // ROWS, 32 * NW, stream](wq, ws, xq, xs, out, 1 if accumulate else 0)
