@@ -7,6 +7,9 @@ Each test gets one untimed warm-up run first, so JIT compilation and graph captu
 repetition; the engine's compile time is recorded on its own. Records go to
 results/<date>_<gpu>_<model>/records.jsonl (see records.py), plots and a table beside them (plot.py).
 
+--gpus splits our model by layers over GPUs (as every ninfer verb does) and runs llama-bench on the same
+devices with -sm layer (llamacpp.llama_devices); without it both run on GPU 0 alone.
+
 Without a GPU the same harness runs the CPU reference backend on the tiny model (pp128, pp512, tg16) and
 llama.cpp's CPU build when one exists; such records say backend "cpu" and the device is the CPU.
 """
@@ -68,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llama-bench", type=Path, default=None,
                         help="an existing llama-bench binary (or $LLAMA_BENCH); default: build or reuse the cache")
     parser.add_argument("--skip-llamacpp", action="store_true", help="run only our engine")
+    parser.add_argument("--gpus", default="",
+                        help="split our model by layers over these GPUs (a count or ids; 0,0: two shards on one) "
+                             "and run llama.cpp with -sm layer over the same distinct devices (default: GPU 0)")
 
 
 def model_path(spec: str, model_dir: Path) -> tuple[str, Path]:
@@ -103,11 +109,22 @@ def llamacpp_kv_type(ours: str, asked: str | None) -> str:
     return LLAMACPP_KV_TYPES.get(ours, "f16")
 
 
+def llamacpp_devices(gpus: str, backend: str) -> llamacpp.LlamaDevices | None:
+    """llama-bench's GPUs for our --gpus: the plain runner's GPU 0 when unset; None on a CPU run."""
+    if backend != "cuda":
+        if gpus:
+            raise ValueError("--gpus splits the model over GPUs: it needs the cuda backend")
+        return None
+    from ninfer_numba.engine.shard_plan import parse_gpus
+    return llamacpp.llama_devices(parse_gpus(gpus) if gpus else [0], os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
 def llamacpp_commands(binary: Path, model: Path, tests: list[BenchTest], reps: int,
-                      lc_kv: str) -> list[list[str]]:
+                      lc_kv: str, devices: llamacpp.LlamaDevices | None = None) -> list[list[str]]:
     """llama-bench invocations covering ``tests`` exactly: prefill tests grouped by depth (with the
-    micro-batch sweep), decode tests grouped by n_gen (one -d list)."""
+    micro-batch sweep), decode tests grouped by n_gen (one -d list); ``devices`` adds its split mode."""
     base = [str(binary), "-m", str(model), "-fa", "1", "-ngl", "99", "-r", str(reps), "-o", "jsonl", "--progress"]
+    base += devices.args() if devices is not None else []
     base += ["-ctk", lc_kv, "-ctv", lc_kv]
     cmds = []
     by_depth: dict[int, list[int]] = {}
@@ -125,13 +142,15 @@ def llamacpp_commands(binary: Path, model: Path, tests: list[BenchTest], reps: i
 
 
 def run_llamacpp(binary: Path, model: Path, tests: list[BenchTest], reps: int, lc_kv: str,
-                 raw_path: Path) -> list[dict]:
-    """Run llama-bench with cache type ``lc_kv``; its JSONL goes to ``raw_path`` untouched; returns the
-    best-micro-batch rows."""
+                 raw_path: Path, devices: llamacpp.LlamaDevices | None = None) -> list[dict]:
+    """Run llama-bench with cache type ``lc_kv`` on ``devices`` (None: as the environment says); its JSONL
+    goes to ``raw_path`` untouched; returns the best-micro-batch rows."""
     rows = []
-    for cmd in llamacpp_commands(binary, model, tests, reps, lc_kv):
-        log("llama-bench " + " ".join(cmd[1:]))
-        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    env = devices.env(os.environ) if devices is not None else None
+    for cmd in llamacpp_commands(binary, model, tests, reps, lc_kv, devices):
+        shown = f"CUDA_VISIBLE_DEVICES={devices.visible} " if devices is not None else ""
+        log(f"{shown}llama-bench " + " ".join(cmd[1:]))
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
         with open(raw_path, "a") as f:
             f.write(out.stdout)
         if out.returncode != 0:
@@ -168,11 +187,14 @@ def kernel_start_settings() -> dict:
 
 
 def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_type: str,
-               gemm: str, prefill_graphs: bool = True, pdl: bool = True) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
+               gemm: str, prefill_graphs: bool = True, pdl: bool = True,
+               gpus: str = "") -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
     """Our engine on every test: (test, samples_tps, settings, compile_seconds) per test, and describe()."""
     from ninfer_numba import LLM
 
     kwargs = {"kv_type": kv_type} if kv_type != "f16" else {}
+    if gpus:
+        kwargs["gpus"] = gpus
     if gemm != "auto":
         kwargs["gemm"] = gemm
     if not prefill_graphs and backend == "cuda":
@@ -216,11 +238,14 @@ def output_folder(args: argparse.Namespace, device: str, label: str, n_models: i
 
 
 def bench_model(spec: str, args: argparse.Namespace, tests: list[BenchTest], backend: str, machine: dict,
-                ceilings: dict, binary: Path | None) -> Path:
-    """Benchmark one model with both engines; returns the records file."""
+                ceilings: dict, binary: Path | None, devices: llamacpp.LlamaDevices | None = None) -> Path:
+    """Benchmark one model with both engines (llama.cpp on ``devices``); returns the records file."""
     label, path = ensure_model(spec, args.model_dir)
     cost = ModelCost.from_gguf(path)
     gpu_name = machine["gpu"] or "unknown GPU"   # nvidia-smi may be missing where numba still sees a GPU
+    if args.gpus:   # the device label carries the split, so titles, tables and the folder name show it
+        gpu_name = f"{gpu_name} (gpus {args.gpus})"
+    gpus = args.gpus if backend == "cuda" else None      # every record: "" is the plain runner on GPU 0
     folder = output_folder(args, gpu_name if backend == "cuda" else "cpu", label, len(args.models.split(",")))
     folder.mkdir(parents=True, exist_ok=True)
     context = {**machine, "gpu": gpu_name if backend == "cuda" else f"CPU {machine['cpu']}",
@@ -232,18 +257,20 @@ def bench_model(spec: str, args: argparse.Namespace, tests: list[BenchTest], bac
         raw = folder / "llamacpp_raw.jsonl"
         raw.unlink(missing_ok=True)
         lc_kv = llamacpp_kv_type(args.kv_type, args.llamacpp_kv_type)
-        for row in run_llamacpp(binary, path, tests, args.reps, lc_kv, raw):
-            rec = llama_record(row, context)
+        for row in run_llamacpp(binary, path, tests, args.reps, lc_kv, raw, devices):
+            rec = {**llama_record(row, context), "gpus": gpus}
+            if devices is not None:   # what we asked for, and llama-bench's own word on its split
+                rec["settings"].update(device_selection=devices.as_settings(), split_mode=row.get("split_mode"))
             rec["roofline"] = roofline(BenchTest(row["n_prompt"], row["n_gen"], row["n_depth"]),
                                        rec["median_tps"], cost, ceilings, lc_kv)
             records.append(rec)
             build = rec["llamacpp_build"]
     log(f"{label}: ninfer ({backend}) on {path}")
     results, described = run_ninfer(path, tests, args.reps, backend, args.kv_type, args.gemm,
-                                    args.prefill_graphs == "on", args.pdl == "on")
+                                    args.prefill_graphs == "on", args.pdl == "on", args.gpus)
     for test, samples, settings, compile_s in results:
-        rec = ninfer_record(test, samples, context, settings=settings, compile_seconds=compile_s,
-                            llamacpp_build=build)
+        rec = {**ninfer_record(test, samples, context, settings=settings, compile_seconds=compile_s,
+                               llamacpp_build=build), "gpus": gpus}
         rec["roofline"] = roofline(test, rec["median_tps"], cost, ceilings, described.get("kv_type", args.kv_type))
         records.append(rec)
     out = write_records(folder / RECORDS_FILE, records)
@@ -270,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--reps must be >= 1")
         if any(t.kind == "pp" and t.n_depth for t in tests):
             raise ValueError("prefill tests after a depth fill (ppN@dD) are not supported; use ppN or tgN@dD")
+        devices = llamacpp_devices(args.gpus, backend)      # a bad --gpus fails before any measurement
         if backend == "cpu":
             log("CPU run: the NumPy reference backend (these numbers say nothing about GPU speed)")
         machine = machine_info()
@@ -277,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         log(f"ceilings: copy {ceilings['copy_gbps']} GB/s, int8 GEMM {ceilings['int8_tops']} TOPS "
             f"({ceilings['method'] or ceilings['note']})")
         binary = find_baseline(args, backend)
-        files = [bench_model(spec.strip(), args, tests, backend, machine, ceilings, binary)
+        files = [bench_model(spec.strip(), args, tests, backend, machine, ceilings, binary, devices)
                  for spec in args.models.split(",") if spec.strip()]
     except (ValueError, FileNotFoundError, RuntimeError, subprocess.CalledProcessError) as e:
         print(f"error: {e}", file=sys.stderr)

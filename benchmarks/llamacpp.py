@@ -12,6 +12,8 @@ that built it once never builds again.
 
 Offline: LLAMA_BENCH=path (an existing binary), LLAMACPP_SRC=folder (an extracted llama.cpp tree) or
 LLAMACPP_SDIST=path (a downloaded llama_cpp_python-0.3.18.tar.gz); each has a matching command-line flag.
+
+llama_devices() picks the GPUs llama-bench runs on so that they match our engine's --gpus (the harness uses it).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.machine import cpu_name
@@ -263,6 +267,51 @@ def ensure_llama_bench(explicit: Path | None = None, cache: Path = DEFAULT_CACHE
     if found is not None:
         return found
     return build(fetch(cache, sdist=sdist, source=source), cache, jobs=jobs)
+
+
+@dataclass(frozen=True)
+class LlamaDevices:
+    """The GPUs a llama-bench run uses. CUDA_VISIBLE_DEVICES names them, because llama.cpp's default split
+    (-sm layer) spreads the layers over every GPU it can see; -sm layer splits over them when there are
+    several, -sm none keeps the model whole on one."""
+    visible: str                # CUDA_VISIBLE_DEVICES of the llama-bench process
+    split_mode: str             # "layer" | "none"
+    n_devices: int
+    note: str | None = None     # how llama.cpp's devices differ from our shards, when they do
+
+    def args(self) -> list[str]:
+        return ["-sm", self.split_mode]
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` (os.environ) with CUDA_VISIBLE_DEVICES replaced; ``base`` itself is left alone."""
+        return {**base, "CUDA_VISIBLE_DEVICES": self.visible}
+
+    def as_settings(self) -> dict:
+        return {"cuda_visible_devices": self.visible, "split_mode": self.split_mode, "n_devices": self.n_devices,
+                "note": self.note}
+
+
+def llama_devices(devices: list[int], visible: str | None = None) -> LlamaDevices:
+    """llama-bench's devices for our shard devices (engine/shard_plan.parse_gpus: "0,1" -> [0, 1], repeats
+    allowed): each distinct device once, in first-use order, so llama.cpp's first layers sit where our
+    first shard does. Shards repeating a device are ours only (they test our bridge); llama.cpp cannot split
+    over one device and runs whole there. ``visible`` is our own CUDA_VISIBLE_DEVICES: our ids are ordinals
+    within it, and the child's variable must name the same physical GPUs."""
+    distinct = list(dict.fromkeys(devices))
+    if not distinct:
+        raise ValueError("no devices for llama-bench")
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if max(distinct) >= len(entries):
+            raise ValueError(f"device {max(distinct)} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+        names = [entries[d] for d in distinct]
+    else:
+        names = [str(d) for d in distinct]
+    note = None
+    if len(devices) > len(distinct):
+        where = "unsplit on it" if len(distinct) == 1 else f"split by layer over each of the {len(distinct)} once"
+        note = f"shards sharing a device apply to ninfer only ({len(devices)} shards); llama.cpp runs {where}"
+    return LlamaDevices(",".join(names), "layer" if len(distinct) > 1 else "none", len(distinct), note)
 
 
 def _env_path(name: str) -> Path | None:

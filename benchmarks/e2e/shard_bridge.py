@@ -11,11 +11,16 @@ graph per shard per decode step), and the plain cuda runner beside them. Prints 
 tokens and the decode time per token (medians of 3), the difference between the split and the single shard
 (the bridge: hand-offs through host memory, event waits, one more graph per step), and from one traced
 prefill each shard's busy time per chunk and how much of it overlapped the other shards' (pipelining).
+Last, the bridge's own cost: one hand-off (device -> portable pinned host buffer -> device, the runner's
+copies) of a decode token's hidden row [1, n_embd] and of a prefill chunk [prefill_chunk, n_embd] float32,
+in µs and GB/s, and how much of the measured bridge difference those copies account for.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+
+HANDOFFS_PER_REPLAY, REPLAYS = 50, 20     # one graph replays 50 hand-offs; the median of 20 replays counts
 
 
 def _timeline(llm, ids) -> list[tuple[int, int, float, float]]:
@@ -42,6 +47,50 @@ def _overlap(rows) -> float:
         depth += d
         last = t
     return total
+
+
+def handoff_gbps(n_floats: int, seconds: float) -> float:
+    """GB/s of one hand-off of n_floats float32: the payload crosses the host link twice (out, then back in)."""
+    return 2 * 4 * n_floats / seconds / 1e9
+
+
+def _time_handoff(n_floats: int) -> float:
+    """Median seconds of one hand-off of n_floats float32 on the current GPU: device -> portable pinned host
+    buffer -> device on one stream, as sharded_runner's _shard_body copies (there on two streams ordered by
+    events). The copies are replayed from a CUDA graph, as a decode step's are, so numba's host time per
+    copy call is not what is timed (benchmarks/timing.py); the data must arrive unchanged."""
+    import numpy as np
+
+    from benchmarks.timing import time_graph
+    from ninfer_numba.engine.sharded_runner import _portable_pinned
+    from ninfer_numba.kernels.numba_env import cuda
+    want = np.arange(n_floats, dtype=np.float32)
+    src, dst, bridge = cuda.to_device(want), cuda.device_array(n_floats, np.float32), _portable_pinned(n_floats)
+
+    def handoff(stream):
+        src.copy_to_host(bridge, stream=stream)
+        dst.copy_to_device(bridge, stream=stream)
+    timing = time_graph(handoff, n_inner=HANDOFFS_PER_REPLAY, reps=REPLAYS)
+    if not np.array_equal(dst.copy_to_host(), want):
+        raise RuntimeError(f"a hand-off of {n_floats} floats did not arrive unchanged")
+    return timing.median_ms / 1e3
+
+
+def _print_handoffs(n_embd: int, chunk: int, shards: int, bridge_s: tuple[float, float], prompt: int) -> None:
+    """The hand-off of one decode row and of one prefill chunk, each beside the split's measured extra time
+    (bridge_s: prefill seconds, decode seconds per token): a token crosses shards - 1 boundaries, a prefill
+    of ``prompt`` tokens ceil(prompt / chunk) times as many, whose copies may overlap other shards' work."""
+    print(f"bridge hand-off on GPU 0 (device -> portable pinned host -> device; CUDA events, median of {REPLAYS} "
+          f"graph replays of {HANDOFFS_PER_REPLAY}; GB/s counts both copies):")
+    n_chunks = -(-prompt // chunk)
+    for label, rows, count, extra, per in (("decode row", 1, shards - 1, bridge_s[1], "token"),
+                                           ("prefill chunk", chunk, n_chunks * (shards - 1), bridge_s[0],
+                                            f"{prompt}-token prefill")):
+        n = rows * n_embd
+        t = _time_handoff(n)
+        print(f"  {label:13s} [{rows}, {n_embd}] f32 {4 * n / 1e6:8.3f} MB {t * 1e6:9.1f} us "
+              f"{handoff_gbps(n, t):6.1f} GB/s; {count} per {per}: {count * t * 1e6:.1f} us of the "
+              f"{extra * 1e6:+.1f} us bridge", flush=True)
 
 
 def _check_equal(model: str, counts: list[int]) -> bool:
@@ -85,14 +134,14 @@ def main(argv=None) -> int:
     from ninfer_numba import LLM
     max_seq = a.prompt + a.gen + 8
     ids = np.random.default_rng(0).integers(0, 1000, a.prompt).tolist()
-    results = {}
+    results, n_embd = {}, None
     split_gpus = ",".join(["0"] * a.shards)
     for label, gpus in (("plain cuda runner", ""), ("1 shard", "0,"), (f"{a.shards} shards", split_gpus)):
         llm = LLM(a.model, backend="cuda", max_seq=max_seq, prefill_chunk=a.prefill_chunk, prefix_cache_mb=0,
                   gpus=gpus)
         pre = statistics.median(llm.bench_prefill(a.prompt) for _ in range(3))
         dec = statistics.median(llm.bench_decode(a.gen) for _ in range(3)) / a.gen
-        results[label] = (pre, dec)
+        results[label], n_embd = (pre, dec), llm.config.n_embd
         print(f"{label:18s} prefill {a.prompt} tokens {pre * 1e3:9.1f} ms   decode {dec * 1e3:7.3f} ms/token"
               f"   (compile {llm.compile_seconds:.1f} s)", flush=True)
         if gpus and gpus != "0,":
@@ -106,6 +155,8 @@ def main(argv=None) -> int:
     one, split = results["1 shard"], results[f"{a.shards} shards"]
     print(f"bridge ({a.shards} shards - 1 shard): prefill {(split[0] - one[0]) * 1e3:+.1f} ms per {a.prompt} tokens, "
           f"decode {(split[1] - one[1]) * 1e6:+.1f} us per token")
+    _print_handoffs(n_embd, min(a.prefill_chunk, a.prompt), a.shards, (split[0] - one[0], split[1] - one[1]),
+                    a.prompt)
     return 0 if equal else 1
 
 

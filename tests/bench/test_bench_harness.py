@@ -47,6 +47,32 @@ def test_llamacpp_commands_group_and_map_kv_types():
     assert harness.llamacpp_kv_type("k3v3", "q4_0") == "q4_0"     # asked for explicitly
 
 
+def test_llamacpp_commands_select_the_split_mode():
+    devices = llamacpp.llama_devices([0, 1])
+    cmds = harness.llamacpp_commands(Path("b"), Path("m"), parse_tests("pp64,tg8"), 2, "f16", devices)
+    for cmd in cmds:
+        assert cmd.count("-sm") == 1 and cmd[cmd.index("-sm"):cmd.index("-sm") + 3] == ["-sm", "layer", "-ctk"]
+    assert "-sm" not in harness.llamacpp_commands(Path("b"), Path("m"), parse_tests("tg8"), 2, "f16")[0]
+
+
+@pytest.mark.parametrize("gpus, visible, split", [("", "0", "none"), ("2", "0,1", "layer"), ("1,", "1", "none"),
+                                                  ("0,0", "0", "none"), ("1,0,1", "1,0", "layer")])
+def test_llamacpp_devices_follow_our_gpus(monkeypatch, gpus, visible, split):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    sel = harness.llamacpp_devices(gpus, "cuda")
+    assert (sel.visible, sel.split_mode) == (visible, split)      # unset: the plain runner's GPU 0 alone
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    assert harness.llamacpp_devices("2", "cuda").visible == "5,7"
+
+
+def test_llamacpp_devices_on_the_cpu_and_bad_lists():
+    assert harness.llamacpp_devices("", "cpu") is None
+    with pytest.raises(ValueError, match="cuda backend"):
+        harness.llamacpp_devices("0", "cpu")
+    with pytest.raises(ValueError, match="a count or a comma-separated list"):
+        harness.llamacpp_devices("zero", "cuda")
+
+
 def test_roofline_bytes_of_the_coded_caches():
     from benchmarks.ceilings import KV_BYTES_PER_VALUE
     assert KV_BYTES_PER_VALUE["k3v3"] == (96 + 2) / 256            # 3 bits per value plus a float16 norm
@@ -66,7 +92,8 @@ def test_model_path(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--tests", "pp512@d64"], "depth fill"), (["--reps", "0"], "--reps"), (["--tests", "pp12x"], "bad test"),
-    (["--models", "13b"], "unknown model"), (["--models", "/nonexistent/m.gguf"], "does not exist")])
+    (["--models", "13b"], "unknown model"), (["--models", "/nonexistent/m.gguf"], "does not exist"),
+    (["--gpus", "0,1"], "needs the cuda backend")])
 def test_bad_options_exit_2(tmp_path, capsys, argv, message):
     args = parse(["--backend", "cpu", "--skip-llamacpp", "--out", str(tmp_path / "out"),
                   "--model-dir", str(tmp_path), *argv])
@@ -121,8 +148,9 @@ def test_cpu_run_says_when_llamacpp_is_missing(tiny_dir, tmp_path, monkeypatch, 
 
 
 FAKE_LLAMA_BENCH = '''#!{python}
-"""Stands in for llama-bench: one JSONL row per requested (prompt, gen, depth, ubatch), like the real one."""
-import itertools, json, sys
+"""Stands in for llama-bench: one JSONL row per requested (prompt, gen, depth, ubatch), like the real one;
+its split_mode and devices fields say which -sm it was given and which CUDA_VISIBLE_DEVICES it saw."""
+import itertools, json, os, sys
 a = sys.argv[1:]
 opt = lambda flag, default: [int(x) for x in (a[a.index(flag) + 1] if flag in a else default).split(",")]
 template = json.loads(open({template!r}).readline())
@@ -131,7 +159,9 @@ for p, n, d, ub in itertools.product(opt("-p", "512"), opt("-n", "128"), opt("-d
     base = 1000.0 + ub / 8 if n == 0 else 50.0 - d / 64   # ub 2048 wins prefill; depth slows decode
     row = dict(template, model_filename=a[a.index("-m") + 1], n_prompt=p, n_gen=n, n_depth=d, n_ubatch=ub,
                type_k=a[a.index("-ctk") + 1], type_v=a[a.index("-ctv") + 1], build_number=8475,
-               build_commit="49bfdde", samples_ts=[base + i for i in range(reps)])
+               build_commit="49bfdde", samples_ts=[base + i for i in range(reps)],
+               split_mode=a[a.index("-sm") + 1] if "-sm" in a else "layer",
+               devices=os.environ.get("CUDA_VISIBLE_DEVICES", "auto"))
     print(json.dumps(row))
 '''
 
@@ -178,3 +208,53 @@ def test_real_llama_bench_cpu_build_on_tiny(tiny_dir, tmp_path):
     lc = [r for r in read_records(out / "records.jsonl") if r["engine"] == "llama.cpp"]
     assert [r["test"] for r in lc] == ["pp64", "tg4"]
     assert all(r["llamacpp_build"] == "b8475 (b8462 + 13, 49bfdde)" and r["median_tps"] > 0 for r in lc)
+
+
+def _fake_llama_bench(tmp_path: Path) -> Path:
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable, template=str(FIXTURES / "pp_9b.jsonl")))
+    fake.chmod(0o755)
+    return fake
+
+
+def test_run_llamacpp_passes_devices_to_llama_bench(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    rows = harness.run_llamacpp(_fake_llama_bench(tmp_path), Path("m.gguf"), parse_tests("pp32,tg4"), 1, "f16",
+                                tmp_path / "raw.jsonl", llamacpp.llama_devices([2, 0], "3,5,6"))
+    assert [(r["split_mode"], r["devices"]) for r in rows] == [("layer", "6,3")] * 2   # what the child saw
+    rows = harness.run_llamacpp(_fake_llama_bench(tmp_path), Path("m.gguf"), parse_tests("tg4"), 1, "f16",
+                                tmp_path / "raw.jsonl")
+    assert [(r["split_mode"], r["devices"]) for r in rows] == [("layer", "3,5,6")]    # no selection: inherited
+
+
+@needs_engine
+def test_split_run_records_say_which_gpus(tiny_dir, tmp_path, monkeypatch):
+    """A --gpus 0,0 run as on a GPU (our engine replaced): both engines' records carry the setting, the
+    device label says it, llama.cpp's settings say it ran unsplit on GPU 0."""
+    from benchmarks.ceilings import null_ceilings
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    seen = {}
+
+    def fake_ninfer(model, tests, reps, backend, kv_type, gemm, prefill_graphs, pdl, gpus):
+        seen["gpus"] = gpus
+        described = {"backend": backend, "shards": ["GPU 0: layers 0-1", "GPU 0: layers 2-3"]}
+        return [(t, [10.0, 12.0], dict(described), 1.5) for t in tests], described
+    monkeypatch.setattr(harness, "run_ninfer", fake_ninfer)
+    args = parse(["--models", "tiny", "--tests", "pp32,tg4", "--reps", "2", "--model-dir", str(tiny_dir),
+                  "--out", str(tmp_path / "run"), "--gpus", "0,0"])
+    devices = harness.llamacpp_devices(args.gpus, "cuda")
+    out = harness.bench_model("tiny", args, parse_tests(args.tests), "cuda", {"gpu": "NVIDIA H200", "cpu": "x"},
+                              null_ceilings("test"), _fake_llama_bench(tmp_path), devices)
+    recs = read_records(out)
+    assert seen["gpus"] == "0,0"
+    assert [(r["engine"], r["gpus"], r["gpu"]) for r in recs] == [
+        (e, "0,0", "NVIDIA H200 (gpus 0,0)") for e in ("llama.cpp", "llama.cpp", "ninfer", "ninfer")]
+    for r in recs[:2]:
+        assert r["settings"]["split_mode"] == "none"
+        assert r["settings"]["device_selection"] == {
+            "cuda_visible_devices": "0", "split_mode": "none", "n_devices": 1,
+            "note": "shards sharing a device apply to ninfer only (2 shards); llama.cpp runs unsplit on it"}
+    assert recs[2]["settings"]["shards"] == ["GPU 0: layers 0-1", "GPU 0: layers 2-3"]
+    folder = harness.output_folder(parse(["--gpus", "0,1"]), "NVIDIA H200 (gpus 0,1)", "9b", 1)
+    assert folder.name.split("_", 1)[1].startswith("nvidia-h200-gpus-0-1_9b")     # split runs get their own folder

@@ -176,3 +176,36 @@ def test_real_extract_is_small_and_complete():
                    "src/models/qwen35.cpp", "common/arg.cpp", "vendor/cpp-httplib/CMakeLists.txt"):
         assert (src / needed).is_file(), needed
     assert os.access(src / "CMakeLists.txt", os.R_OK)
+
+
+@pytest.mark.parametrize("devices, visible, split, note", [
+    ([0], "0", "none", None),
+    ([2], "2", "none", None),
+    ([0, 1], "0,1", "layer", None),
+    ([1, 0], "1,0", "layer", None),                     # first-use order: llama.cpp's first layers on GPU 1 too
+    ([0, 0], "0", "none", "shards sharing a device apply to ninfer only (2 shards); llama.cpp runs unsplit on it"),
+    ([0, 1, 1], "0,1", "layer", "shards sharing a device apply to ninfer only (3 shards); llama.cpp runs split by "
+                                "layer over each of the 2 once")])
+def test_llama_devices_match_our_shards(devices, visible, split, note):
+    sel = llamacpp.llama_devices(devices)
+    assert (sel.visible, sel.split_mode, sel.note) == (visible, split, note)
+    assert sel.args() == ["-sm", split] and sel.n_devices == len(set(devices))
+    assert sel.as_settings() == {"cuda_visible_devices": visible, "split_mode": split,
+                                 "n_devices": len(set(devices)), "note": note}
+
+
+def test_llama_devices_map_our_ordinals_through_cuda_visible_devices():
+    # our ids are numba's ordinals inside the parent's CUDA_VISIBLE_DEVICES; the child must name the same GPUs
+    assert llamacpp.llama_devices([2, 0], "GPU-aaa, GPU-bbb,3").visible == "3,GPU-aaa"
+    assert llamacpp.llama_devices([1, 1], "4,6").visible == "6"
+    with pytest.raises(ValueError, match="device 2 is not among CUDA_VISIBLE_DEVICES='4,6'"):
+        llamacpp.llama_devices([0, 2], "4,6")
+    with pytest.raises(ValueError, match="no devices"):
+        llamacpp.llama_devices([])
+
+
+def test_llama_devices_env_replaces_only_the_device_list():
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    env = llamacpp.llama_devices([3, 1], base["CUDA_VISIBLE_DEVICES"]).env(base)
+    assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3,1"}
+    assert base["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
