@@ -37,7 +37,8 @@
 #               the coded-cache partial in what is left of 400 s
 #   STAGE=ring: the B-row GEMVs' and the batched step's GPU tests, bench_gemm's gemv, rows (ring and tiles)
 #               and the ring's sweep on the 9b shapes, then batched_decode on the 9b file with a profile of
-#               the 16-row step, and the 27b shapes' rows in what is left of 560 s
+#               the 16-row step, shard_bridge --check none (issue 15's hand-off GB/s), and the 27b shapes'
+#               rows in what is left of 560 s
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -271,14 +272,17 @@ ring)
   grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_ring_gpu.log" | cut -c1-300 | head -10
   timeout 200 python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows,sweep --out "$OUT/bench_gemm.jsonl" \
     > "$OUT/logs/bench_rows_9b.log" 2>&1
-  say "bench_gemm 9b gemv, rows, sweep (exit $?):"; grep -E "gemv_q8|rows|ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
+  say "bench_gemm 9b gemv, rows, sweep (exit $?):"; grep -E "gemv_q8|rows ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
   wait $gen
   timeout $(left) python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --profile 16 \
     --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
   say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -40
+  timeout $(left) python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf --check none \
+    > "$OUT/logs/shard_bridge.log" 2>&1
+  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -12
   timeout $(left) python3 -m benchmarks.kernels.bench_gemm --model 27b --only rows --out "$OUT/bench_gemm.jsonl" \
     > "$OUT/logs/bench_rows_27b.log" 2>&1
-  say "bench_gemm 27b rows (exit $?):"; grep -E "rows" "$OUT/logs/bench_rows_27b.log" | cut -c1-120
+  say "bench_gemm 27b rows (exit $?):"; grep -E "rows ring" "$OUT/logs/bench_rows_27b.log" | cut -c1-120
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 esac

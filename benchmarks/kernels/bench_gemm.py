@@ -115,7 +115,7 @@ def bench_ring_sweep(c, rng, batches=(8, 16)):
     whose tiles fill the SMs differently (q8/gemv_rows_ring.py choose_splits): which setting the hardware
     prefers, not the model."""
     from ninfer_numba.kernels.q8.gemv_rows_ring import choose_splits, gemv_rows_ring_q8, smem_bytes
-    configs = {1: [(8, 3), (4, 3), (8, 2), (6, 3)], 2: [(6, 3), (8, 2), (4, 3)]}
+    configs = {1: [(8, 2), (4, 2), (6, 2), (8, 3)], 2: [(8, 2), (4, 2), (6, 2)]}
     rows = []
     for name, n, k in gemv_shapes(c)[:3] + gemv_shapes(c)[4:5]:
         for b in batches:
@@ -123,7 +123,7 @@ def bench_ring_sweep(c, rng, batches=(8, 16)):
             for warps, stages in configs[nt]:
                 if smem_bytes(nt, warps, stages) > 227 * 1024:
                     continue
-                auto = choose_splits(n, k, warps, stages, 132)
+                auto = choose_splits(n, k, warps, stages, 132, nt)
                 for sp in sorted({auto, *[s for s in (1, 2, 4) if warps % s == 0]}):
                     ms = _time_gemv(rng, n, k, b, lambda wq, ws, xq, xs, out, s: gemv_rows_ring_q8(
                         wq, ws, xq, xs, out, config=(warps, stages), splits=sp, stream=s))

@@ -6,7 +6,8 @@ import pytest
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
-from ninfer_numba.kernels.q8.gemv_rows_ring import CONFIG, choose_splits, gemv_rows_ring_q8, smem_bytes
+from ninfer_numba.kernels.q8.gemv_rows_ring import (CONFIG, blocks_per_sm, choose_splits, gemv_rows_ring_q8,
+                                                    smem_bytes)
 from ninfer_numba.kernels.q8.ref import random_q8_operands
 from test_gemv_q8 import check_q8_product
 
@@ -54,13 +55,17 @@ def test_gemv_rows_ring_small(b, n, k, accumulate, config, splits):
 
 
 def test_ring_splits_fill_waves_and_fit_shared_memory():
-    """choose_splits on the 9B's shapes at 132 SMs: gate|up (1536 tiles) in 2 splits (3072 warps: 2.9
-    waves of 8 warps x 132 against 1.45 unsplit), down (256 tiles, 48 stages) in 4 (0.97 of a wave), the
-    output head unsplit; every CONFIG's ring fits the 227 KB an H100/H200 block may have."""
+    """choose_splits on the 9B's shapes at 132 SMs, one block of 8 warps each: gate|up (1536 tiles) in 2
+    splits (384 blocks, 2.9 waves, against 1.45 unsplit; 4 splits fill no better), down (256 tiles, 48
+    stages) in 4 (0.97 of a wave), gdn in (772 tiles, 16 stages) in 4 (2.9 waves against 0.73 at 1 and 2),
+    the output head unsplit; every CONFIG's ring fits the 227 KB an H100/H200 block may have."""
     warps, stages = CONFIG[1]
+    assert blocks_per_sm(1, warps, stages) == 1
     assert choose_splits(24576, 4096, warps, stages, 132) == 2
     assert choose_splits(4096, 12288, warps, stages, 132) == 4
+    assert choose_splits(12352, 4096, warps, stages, 132) == 4
     assert choose_splits(248320, 4096, warps, stages, 132) == 1
+    assert choose_splits(4096, 512, warps, stages, 132) == 1        # 2 stages: too short to split
     assert all(smem_bytes(t, w, s) <= 227 * 1024 for t, (w, s) in CONFIG.items())
 
 

@@ -20,8 +20,8 @@ and every block ran two load rounds between its launch and its reduction. Here:
   STAGES - 1 stages per warp are always on their way. Only the warp's own barrier (syncwarp) orders its
   lanes' copies with its reads; warps never wait for each other until the split-K reduction.
 - Splits S (warps per tile, S divides the block's warps) are chosen per shape so that the blocks fill whole
-  waves of the SMs (one block per SM: the ring takes most of shared memory) and each split keeps several
-  stages (choose_splits). The S partial sums meet in shared memory, in split order (deterministic).
+  waves of the SMs (as many blocks per SM as their rings fit) and each split keeps several stages
+  (choose_splits). The S partial sums meet in shared memory, in split order (deterministic).
 
 Buffers: wq int8 [N, K], ws f16 [N, K/32], xq int8 [B, K], xs f32 [B, K/32], out f32 [B, N]; all four
 inputs 16-byte aligned at row 0 (device allocations are), K % 256 == 0.
@@ -48,8 +48,12 @@ from ninfer_numba.kernels.q8.gemm_mma import _MAGIC_BITS, _biased_to_f32
 
 STAGE_K = 256                # K bytes per stage: 8 Q8 blocks, one 16-byte piece of each scale row
 ROW = STAGE_K + 32           # shared bytes between rows of a stage (bank-conflict-free fragment reads)
-# (warps per block, stages per warp) by activation tiles: one block per SM, its ring under 227 KB
-CONFIG = {1: (8, 3), 2: (6, 3)}
+# (warps per block, stages per warp) by activation tiles. Measured on the 9B shapes (bench_gemm --only
+# sweep, NOTES session 15): 8 warps with 2 stages beat 3 stages on 8 or 6 warps at B = 8 and 16: the kernel
+# waits on its warps' shared reads and mmas more than on memory, so warps count more than stages in flight
+CONFIG = {1: (8, 2), 2: (8, 2)}
+SMEM_PER_SM = 228 * 1024     # Hopper: shared memory per SM (each block also reserves 1 KB)
+MIN_SPLIT_STAGES = 4         # a split shorter than this spends too much of itself filling its ring
 _LO = uint64(0xFFFFFFFF)
 
 
@@ -63,19 +67,22 @@ def smem_bytes(n_tiles: int, warps: int, stages: int) -> int:
     return max(warps * stages * slot_bytes(n_tiles), warps * 4 * n_tiles * 32 * 4)
 
 
-def choose_splits(n_rows: int, k: int, warps: int, stages: int, n_sm: int) -> int:
-    """Warps per tile: the divisor S of the block's warps that maximises the work's share of whole waves
-    times the share of a split's time spent streaming (its STAGES - 1 fill stages are overhead)."""
+def blocks_per_sm(n_tiles: int, warps: int, stages: int) -> int:
+    return max(1, SMEM_PER_SM // (smem_bytes(n_tiles, warps, stages) + 1024))
+
+
+def choose_splits(n_rows: int, k: int, warps: int, stages: int, n_sm: int, n_tiles: int = 1) -> int:
+    """Warps per tile: the divisor S of the block's warps whose blocks best fill whole waves of the SMs,
+    each split keeping at least MIN_SPLIT_STAGES stages of K; on a tie (within 2 %) the fewest splits."""
     tiles, n_st = -(-n_rows // 16), k // STAGE_K
+    slots = n_sm * blocks_per_sm(n_tiles, warps, stages)
     best, best_eff = 1, -1.0
     for s in range(1, warps + 1):
-        if warps % s or n_st // s < 1:
+        if warps % s or (s > 1 and n_st // s < MIN_SPLIT_STAGES):
             continue
-        blocks = -(-tiles // (warps // s))
-        waves = blocks / n_sm
-        per_split = n_st / s
-        eff = waves / -(-waves // 1) * per_split / (per_split + stages - 1)
-        if eff > best_eff + 1e-9:
+        waves = -(-tiles // (warps // s)) / slots
+        eff = waves / -(-waves // 1)
+        if eff > best_eff + 0.02:
             best, best_eff = s, eff
     return best
 
@@ -89,7 +96,7 @@ def _ring_kernel(n_tiles: int, warps: int, stages: int, splits: int):
     XS_OFF = WS_OFF + 16 * 16
     SLOT = XS_OFF + XR * 32
     TILES_PER_BLOCK = warps // splits
-    occupancy = {} if SIMULATOR else {"launch_bounds": (32 * warps, 1)}
+    occupancy = {} if SIMULATOR else {"launch_bounds": (32 * warps, blocks_per_sm(n_tiles, warps, stages))}
 
     @cuda.jit(device=True, inline=True)
     def issue(smem, dst, st, wq, ws, xq, xs, tile, lane, n_rows, k, n_act):
@@ -115,24 +122,37 @@ def _ring_kernel(n_tiles: int, warps: int, stages: int, splits: int):
                          uint64(r) * kb + uint64(8 * st + 4 * (lane & 1)))
 
     @cuda.jit(device=True, inline=True)
+    def block(smem64, smem_h, smem_f, src, g, t, acc, u):
+        """Q8 block u of the slot at byte src into this lane's accumulators (one mma per activation tile)."""
+        wlo = smem64[(src + uint32(g * ROW + 32 * u + 8 * t)) >> 3]
+        whi = smem64[(src + uint32((g + 8) * ROW + 32 * u + 8 * t)) >> 3]
+        s_lo = float32(smem_h[(src + uint32(WS_OFF + 16 * g + 2 * u)) >> 1])
+        s_hi = float32(smem_h[(src + uint32(WS_OFF + 16 * (g + 8) + 2 * u)) >> 1])
+        for j in range(n_tiles):
+            xv = smem64[(src + uint32(X_OFF + (8 * j + g) * ROW + 32 * u + 8 * t)) >> 3]
+            x0 = smem_f[(src + uint32(XS_OFF + 32 * (8 * j + 2 * t) + 4 * u)) >> 2]
+            x1 = smem_f[(src + uint32(XS_OFF + 32 * (8 * j + 2 * t + 1) + 4 * u)) >> 2]
+            d0, d1, d2, d3 = ptx.mma_s8_16832(
+                uint32(wlo & _LO), uint32(whi & _LO), uint32(wlo >> uint64(32)), uint32(whi >> uint64(32)),
+                uint32(xv & _LO), uint32(xv >> uint64(32)), _MAGIC_BITS, _MAGIC_BITS, _MAGIC_BITS, _MAGIC_BITS)
+            acc[4 * j] += (s_lo * x0) * _biased_to_f32(d0)
+            acc[4 * j + 1] += (s_lo * x1) * _biased_to_f32(d1)
+            acc[4 * j + 2] += (s_hi * x0) * _biased_to_f32(d2)
+            acc[4 * j + 3] += (s_hi * x1) * _biased_to_f32(d3)
+
+    @cuda.jit(device=True, inline=True)
     def compute(smem64, smem_h, smem_f, src, g, t, acc):
-        """The 8 Q8 blocks of the slot at byte src into this lane's accumulators (one mma per block and tile)."""
-        for u in range(8):
-            wlo = smem64[(src + uint32(g * ROW + 32 * u + 8 * t)) >> 3]
-            whi = smem64[(src + uint32((g + 8) * ROW + 32 * u + 8 * t)) >> 3]
-            s_lo = float32(smem_h[(src + uint32(WS_OFF + 16 * g + 2 * u)) >> 1])
-            s_hi = float32(smem_h[(src + uint32(WS_OFF + 16 * (g + 8) + 2 * u)) >> 1])
-            for j in range(n_tiles):
-                xv = smem64[(src + uint32(X_OFF + (8 * j + g) * ROW + 32 * u + 8 * t)) >> 3]
-                x0 = smem_f[(src + uint32(XS_OFF + 32 * (8 * j + 2 * t) + 4 * u)) >> 2]
-                x1 = smem_f[(src + uint32(XS_OFF + 32 * (8 * j + 2 * t + 1) + 4 * u)) >> 2]
-                d0, d1, d2, d3 = ptx.mma_s8_16832(
-                    uint32(wlo & _LO), uint32(whi & _LO), uint32(wlo >> uint64(32)), uint32(whi >> uint64(32)),
-                    uint32(xv & _LO), uint32(xv >> uint64(32)), _MAGIC_BITS, _MAGIC_BITS, _MAGIC_BITS, _MAGIC_BITS)
-                acc[4 * j] += (s_lo * x0) * _biased_to_f32(d0)
-                acc[4 * j + 1] += (s_lo * x1) * _biased_to_f32(d1)
-                acc[4 * j + 2] += (s_hi * x0) * _biased_to_f32(d2)
-                acc[4 * j + 3] += (s_hi * x1) * _biased_to_f32(d3)
+        """The slot's 8 Q8 blocks, written out: with u a constant in each, every shared address is a register
+        plus an immediate and ptxas may hoist all the stage's reads ahead of its mmas (a loop over u was kept
+        rolled, each block's reads, mma and sums one dependent chain)."""
+        block(smem64, smem_h, smem_f, src, g, t, acc, 0)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 1)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 2)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 3)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 4)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 5)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 6)
+        block(smem64, smem_h, smem_f, src, g, t, acc, 7)
 
     @cached_jit(pdl=True, **occupancy)
     def gemv_rows_ring(wq, ws, xq, xs, out, accumulate):
@@ -212,7 +232,7 @@ def gemv_rows_ring_q8(wq, ws, xq, xs, out, *, accumulate=False, config=None, spl
     n_rows, k = wq.shape
     n_tiles = (xq.shape[0] + 7) // 8
     warps, stages = config or CONFIG[n_tiles]
-    s = splits or choose_splits(n_rows, k, warps, stages, _n_sm())
+    s = splits or choose_splits(n_rows, k, warps, stages, _n_sm(), n_tiles)
     if warps % s or stages not in (2, 3) or k % STAGE_K:
         raise ValueError(f"gemv_rows_ring: {warps} warps, {stages} stages, {s} splits, K {k}")
     kernel = _ring_kernel(n_tiles, warps, stages, s)
