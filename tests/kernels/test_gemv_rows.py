@@ -55,17 +55,20 @@ def test_gemv_rows_ring_small(b, n, k, accumulate, config, splits):
 
 
 def test_ring_splits_fill_waves_and_fit_shared_memory():
-    """choose_splits on the 9B's shapes at 132 SMs, one block of 8 warps each: gate|up (1536 tiles) in 2
-    splits (384 blocks, 2.9 waves, against 1.45 unsplit; 4 splits fill no better), down (256 tiles, 48
-    stages) in 4 (0.97 of a wave), gdn in (772 tiles, 16 stages) in 4 (2.9 waves against 0.73 at 1 and 2),
-    the output head unsplit; every CONFIG's ring fits the 227 KB an H100/H200 block may have."""
-    warps, stages = CONFIG[1]
-    assert blocks_per_sm(1, warps, stages) == 1
-    assert choose_splits(24576, 4096, warps, stages, 132) == 2
-    assert choose_splits(4096, 12288, warps, stages, 132) == 4
-    assert choose_splits(12352, 4096, warps, stages, 132) == 4
-    assert choose_splits(248320, 4096, warps, stages, 132) == 1
-    assert choose_splits(4096, 512, warps, stages, 132) == 1        # 2 stages: too short to split
+    """choose_splits on the 9B's shapes at 132 SMs with 4-warp blocks, 3 per SM at one activation tile (396
+    slots) and 2 at two (264): the fewest splits that give 1.9 waves, else the most (4, each >= 4 stages).
+    gate|up (1536 tiles): 2 splits at one tile (768 blocks, 1.94 waves), 2 at two (2.9); gdn in (772 tiles):
+    4 at one tile (772 blocks, 1.95 waves; 2 splits give 0.97); down (256 tiles) 4; the output head (15520
+    tiles) unsplit; K of 2 stages never split. Every CONFIG's ring fits the 227 KB a block may have."""
+    w1, s1 = CONFIG[1]
+    w2, s2 = CONFIG[2]
+    assert (blocks_per_sm(1, w1, s1), blocks_per_sm(2, w2, s2)) == (3, 2)
+    assert choose_splits(24576, 4096, w1, s1, 132, 1) == 2
+    assert choose_splits(24576, 4096, w2, s2, 132, 2) == 2
+    assert choose_splits(12352, 4096, w1, s1, 132, 1) == 4
+    assert choose_splits(4096, 12288, w1, s1, 132, 1) == 4
+    assert choose_splits(248320, 4096, w1, s1, 132, 1) == 1
+    assert choose_splits(4096, 512, w1, s1, 132, 1) == 1
     assert all(smem_bytes(t, w, s) <= 227 * 1024 for t, (w, s) in CONFIG.items())
 
 

@@ -19,9 +19,9 @@ and every block ran two load rounds between its launch and its reduction. Here:
 - STAGES slots per warp: copies of stage i + STAGES - 1 are issued before stage i is computed, so
   STAGES - 1 stages per warp are always on their way. Only the warp's own barrier (syncwarp) orders its
   lanes' copies with its reads; warps never wait for each other until the split-K reduction.
-- Splits S (warps per tile, S divides the block's warps) are chosen per shape so that the blocks fill whole
-  waves of the SMs (as many blocks per SM as their rings fit) and each split keeps several stages
-  (choose_splits). The S partial sums meet in shared memory, in split order (deterministic).
+- Splits S (warps per tile, S divides the block's warps) are chosen per shape so that the blocks fill about
+  two waves of the SMs' block slots (as many blocks per SM as their rings fit) and each split keeps several
+  stages (choose_splits). The S partial sums meet in shared memory, in split order (deterministic).
 
 Buffers: wq int8 [N, K], ws f16 [N, K/32], xq int8 [B, K], xs f32 [B, K/32], out f32 [B, N]; all four
 inputs 16-byte aligned at row 0 (device allocations are), K % 256 == 0.
@@ -49,11 +49,13 @@ from ninfer_numba.kernels.q8.gemm_mma import _MAGIC_BITS, _biased_to_f32
 STAGE_K = 256                # K bytes per stage: 8 Q8 blocks, one 16-byte piece of each scale row
 ROW = STAGE_K + 32           # shared bytes between rows of a stage (bank-conflict-free fragment reads)
 # (warps per block, stages per warp) by activation tiles. Measured on the 9B shapes (bench_gemm --only
-# sweep, NOTES session 15): 8 warps with 2 stages beat 3 stages on 8 or 6 warps at B = 8 and 16: the kernel
-# waits on its warps' shared reads and mmas more than on memory, so warps count more than stages in flight
-CONFIG = {1: (8, 2), 2: (8, 2)}
+# sweep, NOTES session 15): 2 stages beat 3, and 4-warp blocks (3 per SM at one activation tile, 2 at two)
+# beat 8-warp ones at B = 8 (gate|up 35.9 against 39.0 us) and mostly at 16: the kernel waits on its warps'
+# shared reads and mmas more than on memory, so warps count more than stages in flight
+CONFIG = {1: (4, 2), 2: (4, 2)}
 SMEM_PER_SM = 228 * 1024     # Hopper: shared memory per SM (each block also reserves 1 KB)
 MIN_SPLIT_STAGES = 4         # a split shorter than this spends too much of itself filling its ring
+MIN_WAVES = 1.9              # warps per SM slot wanted: one wave of long splits lost to two of half length
 _LO = uint64(0xFFFFFFFF)
 
 
@@ -72,19 +74,16 @@ def blocks_per_sm(n_tiles: int, warps: int, stages: int) -> int:
 
 
 def choose_splits(n_rows: int, k: int, warps: int, stages: int, n_sm: int, n_tiles: int = 1) -> int:
-    """Warps per tile: the divisor S of the block's warps whose blocks best fill whole waves of the SMs,
-    each split keeping at least MIN_SPLIT_STAGES stages of K; on a tie (within 2 %) the fewest splits."""
+    """Warps per tile: the fewest splits S (S divides the block's warps, each split at least MIN_SPLIT_STAGES
+    stages of K) whose blocks fill MIN_WAVES waves of the SMs' block slots, else the most allowed. Measured
+    (NOTES session 15): gate|up at one wave unsplit 46.0 us, at two waves of 2 splits 35.9."""
     tiles, n_st = -(-n_rows // 16), k // STAGE_K
     slots = n_sm * blocks_per_sm(n_tiles, warps, stages)
-    best, best_eff = 1, -1.0
-    for s in range(1, warps + 1):
-        if warps % s or (s > 1 and n_st // s < MIN_SPLIT_STAGES):
-            continue
-        waves = -(-tiles // (warps // s)) / slots
-        eff = waves / -(-waves // 1)
-        if eff > best_eff + 0.02:
-            best, best_eff = s, eff
-    return best
+    allowed = [s for s in range(1, warps + 1) if warps % s == 0 and (s == 1 or n_st // s >= MIN_SPLIT_STAGES)]
+    for s in allowed:
+        if -(-tiles // (warps // s)) >= MIN_WAVES * slots:
+            return s
+    return allowed[-1]
 
 
 @lru_cache(maxsize=None)
