@@ -175,8 +175,14 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
     from ninfer_numba.server.api import serve
     llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, **_engine_kwargs(a))
+    slots = a.batch_slots
+    if slots is None:                       # the default: batch where the engine can
+        refusal = llm.batch_refusal()
+        slots = 1 if refusal else 4
+        if refusal:
+            print(f"ninfer serve: one request at a time ({refusal})", file=sys.stderr)
     serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None,
-          max_queue=a.max_queue, default_max_tokens=a.default_max_tokens or None)
+          max_queue=a.max_queue, default_max_tokens=a.default_max_tokens or None, batch_slots=slots)
     return 0
 
 
@@ -229,7 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None,
                    help="require this bearer token (or set NINFER_API_KEY, which keeps it out of `ps`)")
     s.add_argument("--max-queue", type=_non_negative, default=64,
-                   help="requests that may wait behind the running one; more are answered 429 with Retry-After")
+                   help="requests that may wait behind the running ones; more are answered 429 with Retry-After")
+    s.add_argument("--batch-slots", type=_int_in(1, 16, "--batch-slots must be"), default=None,
+                   help="greedy requests (temperature 0, no penalty, grammar or logprobs) decoded together, each "
+                        "slot a whole --max-seq context; 1: every request alone, one after another. The cuda "
+                        "backend batches on one GPU with the f16 KV cache only (default: 4 where it can, else 1)")
     s.add_argument("--default-max-tokens", type=_non_negative, default=16384,
                    help="completion limit of a request that sets none (0: the rest of the context)")
     s.set_defaults(fn=_cmd_serve)

@@ -217,6 +217,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with no penalty: every choice is the argmax of the raw logits."""
+        return self.greedy and self.repetition_penalty == 1.0 and not (self.presence_penalty or self.frequency_penalty)
+
     def stop_ids(self, eos_ids) -> frozenset[int]:
         """The ids that end generation: the model's end-of-turn ids (unless ignore_eos) and stop_token_ids."""
         return frozenset(() if self.ignore_eos else eos_ids) | frozenset(self.stop_token_ids)

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         times = []
         for _ in range(3):
             for s in slots:
-                dec.states.reset(s)                 # each run starts the slots empty
+                dec.reset(s)                        # each run starts the slots empty
             first = [dec.prefill(s, rng.integers(0, 1000, a.prompt).tolist()) for s in slots]
             times.append(dec.timed_steps(slots, first, a.steps) / a.steps)
         step = statistics.median(times)
@@ -83,7 +83,7 @@ def _profile(llm, dec, b: int) -> dict:
 
 def _record_rows(dec, b: int, record_launches):
     for s in range(b):
-        dec.states.reset(s)
+        dec.reset(s)
     rows = dec.states.rows(dec.bucket(b))
     rows.set_rows(list(range(b)), pad=dec.pad)
     return record_launches(lambda: dec._kernels(dec.bucket(b)), dec.stream)

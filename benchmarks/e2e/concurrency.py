@@ -1,9 +1,11 @@
 """Concurrent streams through the server, beside llama.cpp's llama-batched-bench on the same file.
 
     python -m benchmarks.e2e.concurrency --model M.gguf [--backend cuda] [--streams 1,2,4,8,16,32]
-        [--prompt-tokens 128] [--max-tokens 128] [--llama-batched-bench PATH | --no-llamacpp] [--out r.json]
+        [--batch-slots 16] [--prompt-tokens 128] [--max-tokens 128] [--llama-batched-bench PATH | --no-llamacpp]
+        [--out r.json]
 
-Ours: `ninfer serve` in a subprocess (server_stream.py's deployment shape); for each N, N clients send a
+Ours: `ninfer serve --batch-slots B` in a subprocess (server_stream.py's deployment shape; B greedy streams
+decoded together, the rest wait for a slot); for each N, N clients send a
 streamed chat completion at once (a prompt of about --prompt-tokens tokens each, its own text, greedy,
 ignore_eos so each generates exactly --max-tokens). Per stream as its client sees it: decode t/s ((tokens -
 1) / (last delta - first delta)); aggregate: all generated tokens / the batch's wall time (first request
@@ -75,7 +77,8 @@ def ours(a, log) -> list[dict]:
     url = f"http://127.0.0.1:{a.port}"
     streams = [int(x) for x in a.streams.split(",")]
     cmd = [sys.executable, "-m", "ninfer_numba", "serve", "--model", a.model, "--backend", a.backend, "--port",
-           str(a.port), "--max-seq", str(a.prompt_tokens + a.max_tokens + 256), "--max-queue", str(max(streams) + 8)]
+           str(a.port), "--max-seq", str(a.prompt_tokens + a.max_tokens + 256), "--max-queue", str(max(streams) + 8),
+           "--batch-slots", str(a.batch_slots)]
     with running_server(cmd, url, a.startup_timeout, log):
         import httpx
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
@@ -134,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--streams", default="1,2,4,8,16,32")
+    ap.add_argument("--batch-slots", type=int, default=16, help="the server's --batch-slots")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--port", type=int, default=8766)
@@ -144,8 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)      # noqa: E731
-    report = {"model": a.model, "backend": a.backend, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
-              "ours": ours(a, log), "llamacpp": []}
+    report = {"model": a.model, "backend": a.backend, "batch_slots": a.batch_slots,
+              "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens, "ours": ours(a, log), "llamacpp": []}
     if not a.no_llamacpp:
         binary = find_batched_bench(a.llama_batched_bench)
         if binary is None:

@@ -8,16 +8,19 @@ graph serves any set of active slots. The rows past n step a spare slot (``pad``
 which no sequence owns, and its position is put back every step, so it never runs out of room. Every matmul
 row and every per-row kernel is independent of the others, so what the spare rows compute reaches nobody.
 
-A sequence enters with ``prefill(s, ids)``: slot s emptied, then the model's ordinary chunked prefill on the
-slot's SequenceState view (eager). ``step(slots, tokens)`` feeds each active sequence its input token and
-returns each one's next. Sampling other than greedy, logprobs and grammars are the single-sequence runner's
-(engine/cuda_runner.py); this is the decode step the scheduler of many clients builds on.
+A sequence enters with ``reset(s)`` (or ``restore(s, snapshot)``) and ``prefill(s, ids)``: the model's
+ordinary chunked prefill on the slot's SequenceState view (eager). ``step(slots, tokens)`` feeds each active
+sequence its input token and returns each one's next. Sampling other than greedy, logprobs and grammars are
+the single-sequence runner's (engine/cuda_runner.py); this is the slot decoder of the scheduler of many clients
+(engine/scheduler.py). Snapshots are the runner's CudaSnapshot (f16 KV rows and GDN states), so the prefix
+cache serves both.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ninfer_numba.engine.cache import SlotStates
+from ninfer_numba.engine.cuda_runner import CudaSnapshot
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import programmatic_launches
@@ -63,14 +66,34 @@ class BatchedDecoder:
                 return b
         raise ValueError(f"{n} sequences in one step; this decoder holds {self.n_slots}")
 
-    def prefill(self, s: int, ids: list[int]) -> int:
-        """Slot s emptied, then ids run on it in chunks; returns the greedy next token."""
-        if not 0 <= s < self.n_slots:
-            raise ValueError(f"slot {s} outside [0, {self.n_slots})")
-        if not 1 <= len(ids) <= self.max_seq - 1:
-            raise ValueError(f"a prompt of {len(ids)} tokens in a slot of {self.max_seq}")
-        m = self.model
+    def reset(self, s: int) -> None:
+        """Empty slot s for a new sequence."""
+        self._check_slot(s)
         self.states.reset(s)
+
+    def release(self, s: int) -> None:
+        """Slot s's sequence is done. Its memory is the decoder's for good and reset() empties it for the next
+        one, so nothing is freed here."""
+        self._check_slot(s)
+
+    def snapshot(self, s: int) -> CudaSnapshot:
+        """Slot s's state as it stands once the enqueued work is done (copies ordered on the stream)."""
+        self._check_slot(s)
+        return CudaSnapshot(self.states.view(s), self.stream)
+
+    def restore(self, s: int, snap: CudaSnapshot) -> None:
+        """Slot s holds the state a snapshot kept (of this decoder or of the model's runner)."""
+        self._check_slot(s)
+        view = self.states.view(s)
+        snap.restore_into(view, self.stream)
+        self.states.adopt(s, view)
+
+    def prefill(self, s: int, ids: list[int]) -> int:
+        """ids run on slot s after what it holds, in chunks; returns the greedy next token."""
+        self._check_slot(s)
+        if not 1 <= len(ids) <= self.max_seq - 1 - self.states.host_pos[s]:
+            raise ValueError(f"{len(ids)} tokens after {self.states.host_pos[s]} in a slot of {self.max_seq}")
+        m = self.model
         view = self.states.view(s)
         arr = np.asarray(ids, np.int32)
         for i in range(0, len(arr), m.buf.t_max):
@@ -82,6 +105,10 @@ class BatchedDecoder:
         self._pick.copy_to_host(self._host_out[:1], stream=self.stream)
         self.stream.synchronize()
         return int(self._host_out[0])
+
+    def _check_slot(self, s: int) -> None:
+        if not 0 <= s < self.n_slots:
+            raise ValueError(f"slot {s} outside [0, {self.n_slots})")
 
     def step(self, slots: list[int], tokens: list[int]) -> list[int]:
         """One token for each sequence in slots (distinct), tokens[i] the input of slots[i]; returns each one's

@@ -1,4 +1,5 @@
-"""CPU runner: one sequence on the NumPy reference model (the ``cpu`` backend)."""
+"""The ``cpu`` backend on the NumPy reference model: CpuRunner runs one sequence; CpuSlots holds the slots of
+the scheduler (engine/scheduler.py) and steps them one after another."""
 from __future__ import annotations
 
 import time
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ninfer_numba.model.reference import ReferenceModel
+from ninfer_numba.model.reference import ReferenceModel, ReferenceState
 from ninfer_numba.model.weights import ModelWeights
 
 
@@ -19,6 +20,25 @@ class CpuSnapshot:
     conv: dict
     ssm: dict
     nbytes: int
+
+
+def snapshot_state(st: ReferenceState) -> CpuSnapshot:
+    p = st.pos
+    parts = [{i: a[:p].copy() for i, a in st.k_cache.items()}, {i: a[:p].copy() for i, a in st.v_cache.items()},
+             {i: a.copy() for i, a in st.conv.items()}, {i: a.copy() for i, a in st.ssm.items()}]
+    return CpuSnapshot(p, *parts, nbytes=sum(a.nbytes for d in parts for a in d.values()))
+
+
+def restore_state(model: ReferenceModel, max_seq: int, snap: CpuSnapshot) -> ReferenceState:
+    st = model.new_state(max_seq)
+    st.pos = snap.pos
+    for i in snap.k:
+        st.k_cache[i][:snap.pos] = snap.k[i]
+        st.v_cache[i][:snap.pos] = snap.v[i]
+    for i in snap.conv:
+        st.conv[i][...] = snap.conv[i]
+        st.ssm[i][...] = snap.ssm[i]
+    return st
 
 
 class CpuRunner:
@@ -39,20 +59,10 @@ class CpuRunner:
         return self.state.pos
 
     def snapshot(self) -> CpuSnapshot:
-        st, p = self.state, self.state.pos
-        parts = [{i: a[:p].copy() for i, a in st.k_cache.items()}, {i: a[:p].copy() for i, a in st.v_cache.items()},
-                 {i: a.copy() for i, a in st.conv.items()}, {i: a.copy() for i, a in st.ssm.items()}]
-        return CpuSnapshot(p, *parts, nbytes=sum(a.nbytes for d in parts for a in d.values()))
+        return snapshot_state(self.state)
 
     def restore(self, snap: CpuSnapshot) -> None:
-        self.state = st = self.model.new_state(self.max_seq)
-        st.pos = snap.pos
-        for i in snap.k:
-            st.k_cache[i][:snap.pos] = snap.k[i]
-            st.v_cache[i][:snap.pos] = snap.v[i]
-        for i in snap.conv:
-            st.conv[i][...] = snap.conv[i]
-            st.ssm[i][...] = snap.ssm[i]
+        self.state = restore_state(self.model, self.max_seq, snap)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Run the prompt; returns the last position's logits [V]."""
@@ -79,3 +89,36 @@ class CpuRunner:
         for _ in range(n_gen):
             tok = int(np.argmax(self.decode(tok)))
         return time.perf_counter() - t0
+
+
+class CpuSlots:
+    """n_slots sequences on one reference model, a slot decoder for engine/scheduler.py: each slot its own
+    ReferenceState, allocated when a sequence enters and dropped when it leaves. The NumPy model has no
+    batched forward, so a step runs the slots one after another; each pick is the argmax of the slot's logits,
+    as CpuRunner.decode_greedy and the host's greedy pick, so a sequence's tokens equal LLM.stream's."""
+
+    def __init__(self, model: ReferenceModel, n_slots: int, max_seq: int) -> None:
+        if n_slots < 1:
+            raise ValueError(f"n_slots must be >= 1, not {n_slots}")
+        self.model, self.n_slots, self.max_seq = model, n_slots, max_seq
+        self.states: list[ReferenceState | None] = [None] * n_slots
+
+    def reset(self, s: int) -> None:
+        self.states[s] = self.model.new_state(self.max_seq)
+
+    def restore(self, s: int, snap: CpuSnapshot) -> None:
+        self.states[s] = restore_state(self.model, self.max_seq, snap)
+
+    def snapshot(self, s: int) -> CpuSnapshot:
+        return snapshot_state(self.states[s])
+
+    def release(self, s: int) -> None:
+        self.states[s] = None
+
+    def prefill(self, s: int, ids: list[int]) -> int:
+        return int(np.argmax(self.model.forward(ids, self.states[s], all_logits=False)[0]))
+
+    def step(self, slots: list[int], tokens: list[int]) -> list[int]:
+        if len(slots) != len(tokens) or len(set(slots)) != len(slots):
+            raise ValueError(f"distinct slots and one token each, got slots {slots} and tokens {tokens}")
+        return [self.prefill(s, [t]) for s, t in zip(slots, tokens)]

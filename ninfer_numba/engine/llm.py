@@ -99,6 +99,32 @@ class LLM:
             out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]
         return out
 
+    def batch_refusal(self) -> str | None:
+        """Why this engine cannot decode sequences together (scheduler()), or None when it can."""
+        e = self.engine_config
+        if self.backend == "cpu":
+            return None
+        if e.gpus:
+            return f"batched decode runs on one GPU, not split over gpus {e.gpus!r}"
+        if e.kv_type != "f16":
+            return f"batched decode runs on the f16 KV cache, not {e.kv_type!r}"
+        return None
+
+    def scheduler(self, n_slots: int):
+        """A scheduler of n_slots greedy sequences on this engine's model (engine/scheduler.py), sharing its
+        prefix cache. On the GPU the slots' memory is allocated beside the runner's sequence and both run on
+        the model's buffers: the runner and the scheduler must never run at once."""
+        from ninfer_numba.engine.scheduler import Scheduler
+        e = self.engine_config
+        if self.backend == "cpu":
+            from ninfer_numba.engine.cpu_runner import CpuSlots
+            return Scheduler(CpuSlots(self.runner.model, n_slots, self.max_seq), self.prefix_cache)
+        refusal = self.batch_refusal()
+        if refusal:
+            raise ValueError(f"{refusal}: use one slot (--batch-slots 1)")
+        from ninfer_numba.engine.batched import BatchedDecoder
+        return Scheduler(BatchedDecoder(self.runner.model, n_slots, self.max_seq, pdl=e.pdl), self.prefix_cache)
+
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

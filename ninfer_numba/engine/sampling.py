@@ -83,7 +83,7 @@ class Sampler:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy with no penalty: the choice is the argmax of the raw logits."""
-        return self.p.greedy and not self.has_repetition and not self.has_presence_frequency
+        return self.p.is_plain_greedy
 
     def device_window(self) -> np.ndarray | None:
         """[V] int32 counts for the device kernels' single penalty window, or None when no single one fits."""

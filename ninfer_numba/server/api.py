@@ -32,7 +32,8 @@ from ninfer_numba.server.worker import GenerationWorker
 log = logging.getLogger("ninfer_numba.server")
 OPEN_PATHS = frozenset({"/health", "/v1/health"})   # answered without an API key, for load balancers
 MIN_BODY_LIMIT = 2 << 20                               # bytes; raised to 32 bytes per token of context
-MAX_QUEUE = 64                                         # requests waiting behind the running one, then 429
+MAX_QUEUE = 64                                         # requests waiting behind the running ones, then 429
+BATCH_SLOTS = 4                                        # greedy requests decoded together (server/batching.py)
 DEFAULT_MAX_TOKENS = 16384                             # completion tokens when a request sets no limit
 RETRY_AFTER_S = 2                                      # the 429's Retry-After
 
@@ -47,7 +48,7 @@ class ServerState:
     """What the handlers share: the engine, its worker, the served model id and the admission limits."""
 
     def __init__(self, llm, model_id: str, *, max_queue: int = MAX_QUEUE,
-                 default_max_tokens: int | None = DEFAULT_MAX_TOKENS):
+                 default_max_tokens: int | None = DEFAULT_MAX_TOKENS, batch_slots: int = BATCH_SLOTS):
         if max_queue < 0 or (default_max_tokens is not None and default_max_tokens < 1):
             raise ValueError(f"max_queue must be >= 0 and default_max_tokens >= 1 (got {max_queue}, "
                              f"{default_max_tokens})")
@@ -63,7 +64,7 @@ class ServerState:
         self.accepted_ids = frozenset(names)
         self.created = int(time.time())
         self.fingerprint = f"ninfer_numba-{getattr(llm, 'backend', 'engine')}"
-        self.worker = GenerationWorker(llm)
+        self.worker = GenerationWorker(llm, batch_slots)
 
     async def read_json(self, request: Request) -> Any:
         try:
@@ -163,12 +164,13 @@ def _error_response(err: APIError) -> JSONResponse:
 
 
 def create_app(llm, *, api_key: str | None = None, model_id: str | None = None, max_queue: int = MAX_QUEUE,
-               default_max_tokens: int | None = DEFAULT_MAX_TOKENS) -> FastAPI:
+               default_max_tokens: int | None = DEFAULT_MAX_TOKENS, batch_slots: int = BATCH_SLOTS) -> FastAPI:
     """The OpenAI-compatible app for one loaded model; `model_id` defaults to llm.model_id (the GGUF stem).
     max_queue: requests allowed to wait (more get 429); default_max_tokens: the completion limit of a request
-    that sets none (None: the rest of the context)."""
+    that sets none (None: the rest of the context); batch_slots: greedy requests decoded together (1: every
+    request alone, one after another; server/worker.py)."""
     server = ServerState(llm, model_id or str(llm.model_id), max_queue=max_queue,
-                         default_max_tokens=default_max_tokens)
+                         default_max_tokens=default_max_tokens, batch_slots=batch_slots)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -254,7 +256,7 @@ def create_app(llm, *, api_key: str | None = None, model_id: str | None = None, 
 
 def serve(llm, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
           model_id: str | None = None, log_level: str = "info", **limits) -> None:
-    """Serves `llm` until interrupted; limits: create_app's max_queue and default_max_tokens."""
+    """Serves `llm` until interrupted; limits: create_app's max_queue, default_max_tokens and batch_slots."""
     import uvicorn
     uvicorn.run(create_app(llm, api_key=api_key, model_id=model_id, **limits), host=host, port=port,
                 log_level=log_level)

@@ -1,18 +1,23 @@
-"""The single generation worker: requests are queued and run one at a time on one thread.
+"""The generation worker: one thread owns the engine; requests wait in a bounded line and run there.
 
-The engine serves one stream at a time, so HTTP handlers (on the event loop) never touch it: they submit a
-Job and read its events from an asyncio queue. Per generated token the worker decodes text (holding back an
-incomplete UTF-8 character), cuts at stop strings (holding back a partial one) and runs the output parser;
-the events it posts are the same for streaming and non-streaming responses. A cancelled job (client gone)
-is skipped if still queued, or stopped at its next token by closing the engine's generator, which frees
-the engine for the next job.
+HTTP handlers (on the event loop) never touch the engine: they submit a Job and read its events from an
+asyncio queue. Per generated token the worker decodes text (holding back an incomplete UTF-8 character), cuts
+at stop strings (holding back a partial one) and runs the output parser (``JobOutput``); the events it posts
+are the same for streaming and non-streaming responses, whichever path made the tokens.
+
+Two paths, never at once (on the GPU they share the model's buffers). With batch_slots > 1, greedy jobs go to
+the engine's scheduler (server/batching.py) and advance together, one batched step per loop; any other job
+runs alone through ``LLM.stream`` when it reaches the head of the line, between two batched steps, while the
+batch waits. With batch_slots = 1 every job runs alone, one after another. A cancelled job (client gone) is
+skipped if still waiting, stopped at its next token by closing the engine's generator, or has its slot freed
+before the next batched step.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,71 +100,130 @@ class Job:
 
 
 class GenerationWorker:
-    def __init__(self, llm):
+    def __init__(self, llm, batch_slots: int = 1):
+        if batch_slots < 1:
+            raise ValueError(f"batch_slots must be >= 1, not {batch_slots}")
+        from ninfer_numba.server.batching import BatchedJobs   # it imports this module
         self.llm = llm
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self.batched = BatchedJobs(llm, batch_slots) if batch_slots > 1 else None
+        self._line: deque[Job] = deque()        # submitted, not yet started or handed to the scheduler
+        self._wake = threading.Condition()      # guards _line, _stopping, _waiting, hand-overs to the scheduler
+        self._waiting = 0                       # jobs in the scheduler beyond its free slots, at its last change
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ninfer-generation", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        self._jobs.put(job)
+        with self._wake:
+            self._line.append(job)
+            self._wake.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._jobs.put(None)
+        """Finish what was submitted, then end the thread (waiting at most timeout seconds)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
         self._thread.join(timeout)
 
     @property
     def queued(self) -> int:
-        return self._jobs.qsize()
+        """Jobs waiting: submitted and neither running alone nor holding a slot (the server's 429 limit)."""
+        with self._wake:
+            return len(self._line) + self._waiting
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
+            job = self._next()
+            if job is _STOP:
                 return
-            if job.cancelled:
-                continue
-            try:
-                run_job(self.llm, job)
-            except Exception as exc:  # one failed request must not stop the worker
-                log.exception("generation failed")
-                job.post(Failed(f"generation failed: {type(exc).__name__}: {exc}"))
+            if job is not None:
+                _run_alone(self.llm, job)
+            if self.batched is not None and self.batched.busy:
+                self.batched.step()               # outside the lock: submit() must not wait for a step
+                with self._wake:                  # a step only admits and retires: the count only fell
+                    self._waiting = self.batched.waiting
+
+    def _next(self):
+        """Hands the greedy jobs at the head of the line to the scheduler and returns the first other one (to run
+        alone now), None when there is none, or _STOP; sleeps while there is nothing to do."""
+        with self._wake:
+            while not self._line and not self._stopping and not (self.batched is not None and self.batched.busy):
+                self._wake.wait()
+            while self._line:
+                job = self._line.popleft()
+                if job.cancelled:
+                    continue
+                if self.batched is None or not self.batched.accepts(job):
+                    return job
+                self.batched.add(job)
+                self._waiting = self.batched.waiting
+            idle = self.batched is None or not self.batched.busy
+            return _STOP if self._stopping and idle else None
+
+
+_STOP = object()
+
+
+def _run_alone(llm, job: Job) -> None:
+    try:
+        run_job(llm, job)
+    except Exception as exc:  # one failed request must not stop the worker
+        log.exception("generation failed")
+        job.post(Failed(f"generation failed: {type(exc).__name__}: {exc}"))
+
+
+class JobOutput:
+    """A job's generated tokens -> its events: text, stop strings, the output parser, then Finished."""
+
+    def __init__(self, tokenizer, job: Job):
+        self.job = job
+        self.tokenizer = tokenizer
+        self.stop_ids = job.params.stop_ids(tokenizer.eos_ids)
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.stops = StopStringFilter(job.stops)
+        self.n_generated = self.n_reasoning = 0
+        self.stopped = False      # a stop token or a stop string ended the text
+
+    def push(self, token_id: int, logprob=None) -> bool:
+        """One generated token (with its engine.sampling.TokenLogprob when the job asked for logprobs); True
+        once the text has ended."""
+        self.n_generated += 1
+        if self.job.parser.state == REASONING:
+            self.n_reasoning += 1
+        if token_id in self.stop_ids:
+            self.stopped = True
+            return True
+        events = self.job.parser.feed(self.stops.push(self.decoder.push(token_id)))
+        if logprob is not None:
+            events.append(TokenLogprobs(logprob_entry(self.tokenizer, logprob)))
+        if events:
+            self.job.post(events)
+        self.stopped = self.stops.matched is not None
+        return self.stopped
+
+    def finish(self, cached_tokens: int) -> None:
+        """The held-back text and the parser's last events, then Finished ("length" unless the text ended)."""
+        parser = self.job.parser
+        tail = self.stops.push(self.decoder.flush())
+        events = parser.feed(tail + self.stops.flush()) + parser.finish()
+        if events:
+            self.job.post(events)
+        reason = "length" if not self.stopped else "tool_calls" if parser.tool_calls else "stop"
+        self.job.post(Finished(reason, len(self.job.prompt_ids), self.n_generated, self.n_reasoning,
+                               cached_tokens))
 
 
 def run_job(llm, job: Job) -> None:
-    tokenizer = llm.tokenizer
-    stop_ids = job.params.stop_ids(tokenizer.eos_ids)
-    decoder = IncrementalDecoder(tokenizer)
-    stops = StopStringFilter(job.stops)
-    parser = job.parser
-    n_generated = n_reasoning = 0
-    reason = "length"
-    stream = llm.stream(job.prompt_ids, job.params, job.constraint, snapshot_at=job.snapshot_at)
+    """The job alone on the engine's single-sequence path (LLM.stream)."""
+    out = JobOutput(llm.tokenizer, job)
     with_logprobs = job.params.logprobs is not None
+    stream = llm.stream(job.prompt_ids, job.params, job.constraint, snapshot_at=job.snapshot_at)
     try:
         for token_id in stream:
             if job.cancelled:
                 return
-            n_generated += 1
-            if parser.state == REASONING:
-                n_reasoning += 1
-            if token_id in stop_ids:
-                reason = "stop"
-                break
-            events = parser.feed(stops.push(decoder.push(token_id)))
-            if with_logprobs:
-                events.append(TokenLogprobs(logprob_entry(tokenizer, llm.last_logprobs[n_generated - 1])))
-            if events:
-                job.post(events)
-            if stops.matched is not None:
-                reason = "stop"
+            if out.push(token_id, llm.last_logprobs[out.n_generated] if with_logprobs else None):
                 break
     finally:
         stream.close()
-    tail = stops.push(decoder.flush())
-    events = parser.feed(tail + stops.flush()) + parser.finish()
-    if events:
-        job.post(events)
-    if reason == "stop" and parser.tool_calls:
-        reason = "tool_calls"
-    job.post(Finished(reason, len(job.prompt_ids), n_generated, n_reasoning, llm.last_cached_tokens))
+    out.finish(llm.last_cached_tokens)

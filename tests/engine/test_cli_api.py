@@ -152,3 +152,23 @@ def test_bench_decode_fills_exactly_the_context(tiny_novocab):
     assert llm.bench_decode(4, depth=8) > 0
     with pytest.raises(ValueError, match="need 13 positions; the context holds 12"):
         llm.bench_decode(5, depth=8)
+
+
+def test_serve_batch_slots_reach_the_server(tiny_model, monkeypatch, capsys):
+    """--batch-slots (default 4 where the engine batches, else 1 with a note) is passed to the server; outside
+    1..16 it is refused before a model loads."""
+    import ninfer_numba.server.api as api
+    from ninfer_numba.engine.llm import LLM
+    seen = []
+    monkeypatch.setattr(api, "serve", lambda llm, **kw: seen.append(kw["batch_slots"]))
+    for extra, want in (([], 4), (["--batch-slots", "16"], 16)):
+        assert main(["serve", "--model", tiny_model, "--backend", "cpu", *extra]) == 0
+        assert seen.pop() == want
+    monkeypatch.setattr(LLM, "batch_refusal", lambda self: "batched decode runs on one GPU")
+    capsys.readouterr()
+    assert main(["serve", "--model", tiny_model, "--backend", "cpu"]) == 0
+    assert seen.pop() == 1 and "one request at a time (batched decode runs on one GPU)" in capsys.readouterr().err
+    for bad in ("0", "17"):
+        with pytest.raises(SystemExit):
+            main(["serve", "--model", "missing.gguf", "--batch-slots", bad])
+        assert "--batch-slots must be an integer in 1..16" in capsys.readouterr().err

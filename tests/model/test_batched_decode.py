@@ -70,6 +70,8 @@ def test_batched_decoder_greedy_equals_the_runner(tmp_path):
     dec = BatchedDecoder(runner.model, 4, llm.max_seq)
     assert dec.buckets == [1, 2, 4]
     slot_of = [2, 0, 3]
+    for s in slot_of:
+        dec.reset(s)
     got = [[dec.prefill(s, p)] for s, p in zip(slot_of, prompts)]
     for _ in range(3):
         for g, t in zip(got, dec.step(slot_of, [g[-1] for g in got])):
@@ -79,6 +81,41 @@ def test_batched_decoder_greedy_equals_the_runner(tmp_path):
             got[i].append(t)
     assert got[0] == want[0] and got[2] == want[2] and got[1] == want[1][:4]
     assert dec.host_pos == [len(prompts[1]) + 3, 0, len(prompts[0]) + 5, len(prompts[2]) + 5]
+
+
+@pytest.mark.gpu
+def test_scheduler_on_the_gpu_equals_llm_stream_and_shares_snapshots(tmp_path):
+    """LLM.scheduler on the cuda backend (BatchedDecoder slots): four prompts in three slots give LLM.stream's
+    greedy tokens; a snapshot the runner kept restores into a slot, and a slot's into the runner, each giving
+    the tokens of a twin engine with the same history on the single path."""
+    from ninfer_numba import SamplingParams
+    from ninfer_numba.engine.scheduler import Sequence
+    rng = np.random.default_rng(10)
+    prompts = [rng.integers(0, SPEC.n_vocab, n).tolist() for n in (5, 31, 17, 40)]
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm = _tiny_gpu_llm(tmp_path, prefix_cache_mb=0)
+    want = [llm.generate(p, greedy).token_ids for p in prompts]
+    sched = llm.scheduler(3)
+    seqs = [Sequence(p, 6) for p in prompts]
+    for q in seqs:
+        sched.add(q)
+    while sched.busy:
+        sched.step()
+    assert [q.generated for q in seqs] == want
+
+    twin, llm = _tiny_gpu_llm(tmp_path, prefix_reuse=False), _tiny_gpu_llm(tmp_path, prefix_reuse=False)
+    a, b = prompts[1], prompts[1] + prompts[0]
+    c = b + prompts[2]
+    want = [twin.generate(p, greedy) for p in (a, b, c)]
+    llm.generate(a, greedy)
+    sched = llm.scheduler(2)
+    seq = Sequence(b, 6)
+    sched.add(seq)
+    while sched.busy:
+        sched.step()
+    got = llm.generate(c, greedy)
+    assert (seq.cached_tokens, got.cached_tokens) == (len(a), len(b)) == (want[1].cached_tokens, want[2].cached_tokens)
+    assert seq.generated == want[1].token_ids and got.token_ids == want[2].token_ids
 
 
 def test_slot_rows_check_their_slots():

@@ -2,7 +2,8 @@
 
 Replies are chosen by the last user message of the prompt (or the whole prompt for /v1/completions) and go
 through the real detokenize and parse path as token ids. Without a registered reply the engine answers with
-reasoning (when the prompt ends inside <think>) followed by an echo of the user message.
+reasoning (when the prompt ends inside <think>) followed by an echo of the user message. ``scheduler(n)`` runs
+the same replies in the slots of the engine's real scheduler (engine/scheduler.py), for the batched path.
 """
 from __future__ import annotations
 
@@ -104,6 +105,11 @@ class ScriptedLLM:
             with self._lock:
                 self._active -= 1
 
+    def scheduler(self, n_slots: int):
+        from ninfer_numba.engine.scheduler import Scheduler
+        self.slots = ScriptedSlots(self, n_slots)
+        return Scheduler(self.slots)
+
     def wait_idle(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -112,3 +118,43 @@ class ScriptedLLM:
                     return True
             time.sleep(0.01)
         return False
+
+
+class ScriptedSlots:
+    """The replies as a slot decoder: prefill picks a slot's reply by its prompt and gives its first token, each
+    step the next one (past the end of a reply the slot says <|im_end|>). A step sleeps the longest
+    token_delay_s of its slots once (one batched forward) and raises at a slot's fail_at."""
+
+    def __init__(self, llm: ScriptedLLM, n_slots: int):
+        self.llm, self.n_slots, self.max_seq = llm, n_slots, llm.max_seq
+        self.script: list[tuple[Reply, list[int]] | None] = [None] * n_slots
+        self.made = [0] * n_slots                   # tokens each slot has given
+        self.prompts: list[str] = []                # every prompt prefilled, in order
+        self.batch_sizes: list[int] = []            # sequences in each step
+
+    def reset(self, s: int) -> None:
+        self.script[s], self.made[s] = None, 0
+
+    def release(self, s: int) -> None:
+        self.reset(s)
+
+    def prefill(self, s: int, ids: list[int]) -> int:
+        prompt = self.llm.tokenizer.decode(ids)
+        _, reply = self.llm.reply_for(prompt)
+        self.prompts.append(prompt)
+        self.script[s] = (reply, self.llm.tokenizer.encode(reply.text) + [self.llm._im_end])
+        return self._next(s)
+
+    def step(self, slots: list[int], tokens: list[int]) -> list[int]:
+        self.batch_sizes.append(len(slots))
+        delay = max(self.script[s][0].token_delay_s for s in slots)
+        if delay:
+            time.sleep(delay)
+        return [self._next(s) for s in slots]
+
+    def _next(self, s: int) -> int:
+        reply, ids = self.script[s]
+        if reply.fail_at is not None and self.made[s] == reply.fail_at:
+            raise RuntimeError("scripted engine failure")
+        self.made[s] += 1
+        return ids[self.made[s] - 1] if self.made[s] <= len(ids) else self.llm._im_end

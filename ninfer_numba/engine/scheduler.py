@@ -1,0 +1,138 @@
+"""Continuous batching of greedy sequences over the N slots of a slot decoder.
+
+``Scheduler.step()`` is one round: a sequence that waits is admitted into a free slot (one per step, so an
+admission delays the active sequences' next token by one prefill at most) and prefilled, which gives its first
+token; then every active sequence, the new one included, advances one token in one batched step; a sequence
+whose token is a stop id or its max_tokens-th is retired and its slot freed. ``cancel`` retires one early (a
+client gone; a stop string matched, as "stop"). The scheduler is single-threaded: one thread adds, steps and
+cancels. A prompt's whole prefill runs in the step that admits it: a long one stalls the others that long.
+
+A slot decoder holds n_slots sequences and picks greedily (the argmax of the raw logits):
+
+    n_slots, max_seq
+    reset(s)                       slot s emptied for a new sequence
+    prefill(s, ids) -> token       ids run after what slot s holds; the greedy next token
+    step(slots, tokens) -> tokens  tokens[i] fed to slot slots[i] (distinct); each one's greedy next token
+    release(s)                     slot s's sequence is done (what it held may be freed)
+    snapshot(s), restore(s, snap)  only with a prefix cache: slot s's state out, and a snapshot into slot s
+
+engine/batched.BatchedDecoder steps all slots in one forward on the GPU; engine/cpu_runner.CpuSlots steps
+them one after another on the reference model. With a prefix cache (engine/prefix_cache.py, the one the
+single-sequence path uses: snapshots are the runner's) admission restores the longest cached prefix of the
+prompt and keeps snapshots where LLM.stream keeps them (every ``every`` prompt tokens, the caller's cuts,
+the whole prompt).
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One greedy generation: a prompt, then tokens until a stop id or max_tokens (stop id included)."""
+    prompt_ids: list[int]
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    snapshot_at: tuple[int, ...] = ()      # prompt lengths worth a snapshot (server/chat.py cuts)
+    slot: int | None = None
+    generated: list[int] = field(default_factory=list)
+    cached_tokens: int = 0                 # prompt tokens restored from the prefix cache
+    finish_reason: str | None = None       # once retired: "stop", "length" or "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Scheduler:
+    def __init__(self, decoder: Any, prefix_cache: Any = None) -> None:
+        self.decoder = decoder
+        self.prefix_cache = prefix_cache
+        self.waiting: deque[Sequence] = deque()
+        self.slots: list[Sequence | None] = [None] * decoder.n_slots
+        self.retired: Counter[str] = Counter()      # finish reasons so far
+
+    @property
+    def active(self) -> list[Sequence]:
+        return [q for q in self.slots if q is not None]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(q is not None for q in self.slots)
+
+    def add(self, seq: Sequence) -> None:
+        n, room = len(seq.prompt_ids), self.decoder.max_seq
+        if seq.max_tokens < 1 or n < 1 or n + seq.max_tokens > room:
+            raise ValueError(f"a prompt of {n} tokens and max_tokens {seq.max_tokens} in slots of {room} "
+                             "(both at least 1, together at most the slot)")
+        self.waiting.append(seq)
+
+    def cancel(self, seq: Sequence, reason: str = "cancelled") -> None:
+        """Retire seq now (freeing its slot) or drop it from the waiting line, with this finish reason (a
+        caller that ended the text itself, at a stop string, says "stop"); no-op once it is finished."""
+        if seq.finished:
+            return
+        if seq.slot is None:
+            self.waiting.remove(seq)
+            seq.finish_reason = reason
+            self.retired[reason] += 1
+        else:
+            self._retire(seq, reason)
+
+    def abort(self) -> list[Sequence]:
+        """After a failed step: retire every active sequence (as cancelled) and return them."""
+        gone = self.active
+        for seq in gone:
+            self._retire(seq, "cancelled")
+        return gone
+
+    def step(self) -> list[tuple[Sequence, int]]:
+        """Admit one waiting sequence if a slot is free, then step every active one; (sequence, token) for
+        each token made, in order (an admitted sequence's first token first)."""
+        made = []
+        if self.waiting and None in self.slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.slots.index(None)
+            self.slots[seq.slot] = seq
+            made.append(self._emit(seq, self._prefill(seq)))
+        live = self.active
+        if live:
+            tokens = self.decoder.step([q.slot for q in live], [q.generated[-1] for q in live])
+            made += [self._emit(q, t) for q, t in zip(live, tokens)]
+        return made
+
+    def _prefill(self, seq: Sequence) -> int:
+        """Slot seq.slot from the longest cached prefix of the prompt (or empty), then the rest of the prompt,
+        split where the cache keeps snapshots; the greedy first token."""
+        dec, s, ids, cache = self.decoder, seq.slot, seq.prompt_ids, self.prefix_cache
+        start = 0
+        hit = cache.longest(ids) if cache is not None else None
+        if hit is not None:
+            start, snap = hit
+            dec.restore(s, snap)
+            seq.cached_tokens = start
+        else:
+            dec.reset(s)
+        cuts = cache.boundaries(start, len(ids), seq.snapshot_at) if cache is not None else []
+        for b in cuts + [len(ids)]:
+            token = dec.prefill(s, ids[start:b])
+            start = b
+            if cache is not None and not cache.has(ids[:b]):
+                cache.put(ids[:b], dec.snapshot(s))
+        return token
+
+    def _emit(self, seq: Sequence, token: int) -> tuple[Sequence, int]:
+        seq.generated.append(token)
+        if token in seq.stop_ids:
+            self._retire(seq, "stop")
+        elif len(seq.generated) >= seq.max_tokens:
+            self._retire(seq, "length")
+        return seq, token
+
+    def _retire(self, seq: Sequence, reason: str) -> None:
+        self.slots[seq.slot] = None
+        self.decoder.release(seq.slot)
+        seq.finish_reason = reason
+        self.retired[reason] += 1

@@ -1,0 +1,135 @@
+"""The batched path on the scripted engine (its replies in the scheduler's slots, tests/server/scripted_llm.py):
+reasoning, tool calls, stop strings and limits come out of a shared step exactly as from a request alone;
+other requests run alone between the steps, never beside them; the waiting line still ends in 429; an engine
+failure fails the batch's requests and the server goes on."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.server.helpers import join_chat_stream, message_of
+from tests.server.scripted_llm import Reply, ScriptedLLM
+from tests.server.test_server_endpoints import TOOL_REPLY, WEATHER_TOOL
+
+MODEL = "scripted-qwen35"
+SLOW = 0.01              # seconds per token (per step on the batched path), so the requests overlap
+CASES = {
+    "reasoning": (Reply("Reasoning 𝔘 here.\n</think>\n\nContent 𝔘 here.", SLOW), {}),
+    "tool-call": (Reply(TOOL_REPLY, SLOW), {"tools": [WEATHER_TOOL]}),
+    "stop-string": (Reply("</think>\n\nalpha beta<END>gamma STOP delta", SLOW), {"stop": ["<END>", "STOP"]}),
+    "length": (Reply("</think>\n\none two three four five six seven", SLOW), {"max_tokens": 6}),
+    "no-thinking": (Reply("Plain 毕 answer with 𝔘𝔘.", SLOW),
+                    {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(qwen_tokenizer) -> ScriptedLLM:
+    llm = ScriptedLLM(qwen_tokenizer)
+    for key, (reply, _) in CASES.items():
+        llm.replies[key] = reply
+    return llm
+
+
+def chat(server, key: str, stream: bool, **extra) -> dict:
+    body = dict(model=MODEL, messages=[{"role": "user", "content": key}], temperature=0, **{**CASES[key][1], **extra})
+    client = server.client()
+    if stream:
+        out = join_chat_stream(client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **body))
+        usage = out.pop("usage")
+    else:
+        r = client.chat.completions.create(**body)
+        out, usage = message_of(r), r.usage
+    for call in out["calls"]:
+        assert call.pop("id").startswith("call_")
+    return {**{k: out[k] for k in ("reasoning", "content", "calls", "finish_reason")},
+            "usage": (usage.prompt_tokens, usage.completion_tokens, usage.completion_tokens_details.reasoning_tokens)}
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_shared_steps_give_what_a_request_alone_gets(serve_llm, engine):
+    alone = serve_llm(engine, batch_slots=1)
+    batched = serve_llm(engine, batch_slots=4)
+    keys = [(k, s) for k in CASES for s in (True, False)]                  # ten requests, four slots
+    want = [chat(alone, k, s) for k, s in keys]
+    n_prompts = len(engine.slots.prompts)
+    with ThreadPoolExecutor(len(keys)) as pool:
+        got = list(pool.map(lambda ks: chat(batched, *ks), keys))
+    assert got == want
+    assert want[2]["calls"] == [{"name": "get_weather", "arguments": '{"city": "Paris 𝔘", "days": 2}'}]
+    assert [w["content"] for w in want[4:8:2]] == ["alpha beta", "one two three four"]
+    assert len(engine.slots.prompts) - n_prompts == len(keys) and max(engine.slots.batch_sizes) == 4
+    assert batched.app.state.server.worker.batched.scheduler.retired == {"stop": 8, "length": 2}
+
+
+def test_other_requests_run_alone_between_the_steps(serve_llm, engine):
+    """Two slow greedy streams hold the slots; a sampled request (temperature 1) is answered while they go on,
+    and no step ran while it did."""
+    server = serve_llm(engine, batch_slots=2)
+    engine.replies["slow greedy"] = Reply("</think>\n\n" + "word " * 150, SLOW)
+    busy, seen_busy = [], []
+    slots = engine.slots
+    step = slots.step
+
+    def watched(s, tokens):
+        with engine._lock:                     # a single-path stream is open while the batch steps?
+            seen_busy.append(engine._active)
+        return step(s, tokens)
+    slots.step = watched
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            greedy = [pool.submit(server.client().chat.completions.create, model=MODEL, temperature=0,
+                                  messages=[{"role": "user", "content": "slow greedy"}]) for _ in range(2)]
+            assert wait_for(lambda: len(slots.batch_sizes) > 3 and slots.batch_sizes[-1] == 2)
+            r = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "sampled"}])
+            busy.append(all(not f.done() for f in greedy))
+            answers = [f.result().choices[0].message.content for f in greedy]
+    finally:
+        slots.step = step
+    assert r.choices[0].message.content == "You said: sampled" and engine.calls[-1][1].temperature == 1.0
+    assert busy == [True] and answers == ["word " * 150] * 2
+    assert seen_busy and not any(seen_busy)
+
+
+def test_a_full_line_answers_429_with_batching(serve_llm, engine):
+    """Two slots and max_queue 1: two greedy requests decode, a third waits for a slot, a fourth is refused."""
+    server = serve_llm(engine, batch_slots=2, max_queue=1)
+    engine.replies["hold a slot"] = Reply("</think>\n\n" + "word " * 100, SLOW)
+    body = {"model": MODEL, "temperature": 0, "messages": [{"role": "user", "content": "hold a slot"}]}
+    state = server.app.state.server
+    url = server.url + "/v1/chat/completions"
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(httpx.post, url, json=body, timeout=30) for _ in range(2)]
+        assert wait_for(lambda: len(state.worker.batched.scheduler.active) == 2)
+        waiting = pool.submit(httpx.post, url, json=body, timeout=30)
+        assert wait_for(lambda: state.worker.queued == 1)
+        refused = httpx.post(url, json=body, timeout=30)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+        assert [f.result().status_code for f in held + [waiting]] == [200] * 3
+
+
+def test_an_engine_failure_fails_the_batch_and_the_server_goes_on(serve_llm, engine):
+    server = serve_llm(engine, batch_slots=2)
+    engine.replies["explode in a batch"] = Reply("</think>\n\nabout to fail " * 5, SLOW, fail_at=6)
+    client = server.client()
+    body = dict(model=MODEL, temperature=0, messages=[{"role": "user", "content": "explode in a batch"}])
+    with pytest.raises(openai.APIError, match="scripted engine failure"):
+        list(client.chat.completions.create(stream=True, **body))
+    with pytest.raises(openai.InternalServerError, match="scripted engine failure"):
+        client.chat.completions.create(**body)
+    r = client.chat.completions.create(model=MODEL, temperature=0, messages=[{"role": "user", "content": "fine"}])
+    assert r.choices[0].message.content == "You said: fine"
+    assert not server.app.state.server.worker.batched.busy
