@@ -39,6 +39,13 @@
 #               and the ring's sweep on the 9b shapes, then batched_decode on the 9b file with a profile of
 #               the 16-row step, shard_bridge --check none (issue 15's hand-off GB/s), and the 27b shapes'
 #               rows in what is left of 560 s
+#   STAGE=serve_batched: llama.cpp build and the 9b file with the vocabulary in the background; the B-row GEMV,
+#               batched step and GPU scheduler tests; bench_gemm rows (9b); batched_decode with a profile of
+#               the one-row step; then benchmarks.e2e.concurrency through `ninfer serve --batch-slots 16`
+#               beside llama-batched-bench (issue 17), in what is left of 570 s
+#   STAGE=serve_ours: as serve_batched without llama.cpp (its figures: that stage's run on the same file), in
+#               what is left of 380 s: the batched step's and scheduler's GPU tests, batched_decode, and
+#               concurrency through `ninfer serve --batch-slots 16`
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -260,6 +267,46 @@ batched_shards)
   grep -E "Duration|Memory Throughput|DRAM Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Compute \(SM\)" \
     "$OUT/logs/kvq_partial_details.txt" | head -14
   rm -f "$OUT"/logs/*.ncu-rep
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+serve_ours)
+  left() { echo $(( 380 - SECONDS > 10 ? 380 - SECONDS : 10 )); }
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  genv=$!
+  timeout 150 python3 -m pytest -q -n 3 -m gpu tests/model/test_batched_decode.py tests/kernels/test_gemv_rows.py \
+    -k "not tiles" -p no:cacheprovider --durations=4 > "$OUT/logs/test_serve_gpu.log" 2>&1
+  say "batched step, scheduler and ring GEMV GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serve_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_serve_gpu.log" | cut -c1-300 | head -10
+  wait $genv
+  timeout 100 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf \
+    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
+  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -8
+  timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
+    --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
+  say "concurrency (exit $?):"; grep -E "^(ours|\|)" "$OUT/logs/concurrency.log" | tail -16
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+serve_batched)
+  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+  build=$!
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  genv=$!
+  timeout 200 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_gemv_rows.py tests/model/test_batched_decode.py \
+    -p no:cacheprovider --durations=4 > "$OUT/logs/test_serve_gpu.log" 2>&1
+  say "B-row GEMV, batched step and scheduler GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serve_gpu.log")"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_serve_gpu.log" | cut -c1-300 | head -10
+  timeout 120 python3 -m benchmarks.kernels.bench_gemm --model 9b --only rows --out "$OUT/bench_gemm.jsonl" \
+    > "$OUT/logs/bench_rows_9b.log" 2>&1
+  say "bench_gemm 9b rows (exit $?):"; grep -E "gemv_q8|rows ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
+  wait $genv
+  timeout 150 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf --profile 1 \
+    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
+  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -40
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
+    --batch-slots 16 --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
+  say "concurrency (exit $?):"; grep -v "^WARNING" "$OUT/logs/concurrency.log" | tail -24
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 ring)

@@ -122,3 +122,11 @@ class CpuSlots:
         if len(slots) != len(tokens) or len(set(slots)) != len(slots):
             raise ValueError(f"distinct slots and one token each, got slots {slots} and tokens {tokens}")
         return [self.prefill(s, [t]) for s, t in zip(slots, tokens)]
+
+    def launch(self, slots: list[int], tokens: list[int]) -> None:
+        """step() in the two halves the scheduler overlaps on the GPU (engine/batched.py); here it runs at once."""
+        self._picks = self.step(slots, tokens)
+
+    def collect(self) -> list[int]:
+        picks, self._picks = self._picks, None
+        return picks

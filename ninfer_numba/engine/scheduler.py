@@ -13,6 +13,7 @@ A slot decoder holds n_slots sequences and picks greedily (the argmax of the raw
     reset(s)                       slot s emptied for a new sequence
     prefill(s, ids) -> token       ids run after what slot s holds; the greedy next token
     step(slots, tokens) -> tokens  tokens[i] fed to slot slots[i] (distinct); each one's greedy next token
+    launch(slots, tokens), collect() -> tokens   optional: step() in two halves, the GPU's work between them
     release(s)                     slot s's sequence is done (what it held may be freed)
     snapshot(s), restore(s, snap)  only with a prefix cache: slot s's state out, and a snapshot into slot s
 
@@ -53,6 +54,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
+        self._pipelined = hasattr(decoder, "launch")
+        self._inflight: list[Sequence] | None = None  # the sequences of the launched, uncollected step
 
     @property
     def active(self) -> list[Sequence]:
@@ -60,7 +63,7 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting) or any(q is not None for q in self.slots)
+        return bool(self.waiting) or any(q is not None for q in self.slots) or self._inflight is not None
 
     def add(self, seq: Sequence) -> None:
         n, room = len(seq.prompt_ids), self.decoder.max_seq
@@ -83,6 +86,7 @@ class Scheduler:
 
     def abort(self) -> list[Sequence]:
         """After a failed step: retire every active sequence (as cancelled) and return them."""
+        self._inflight = None
         gone = self.active
         for seq in gone:
             self._retire(seq, "cancelled")
@@ -90,8 +94,14 @@ class Scheduler:
 
     def step(self) -> list[tuple[Sequence, int]]:
         """Admit one waiting sequence if a slot is free, then step every active one; (sequence, token) for
-        each token made, in order (an admitted sequence's first token first)."""
+        each token made, in order. With a decoder that launches a step and collects it later (launch /
+        collect), a call collects the step the call before launched (its tokens come first; a sequence
+        retired since, by cancel, loses its token), admits, and launches the next step before returning:
+        the caller's work on the tokens (text, streaming) overlaps the GPU's next step."""
         made = []
+        if self._inflight is not None:
+            live, self._inflight = self._inflight, None
+            made += [self._emit(q, t) for q, t in zip(live, self.decoder.collect()) if not q.finished]
         if self.waiting and None in self.slots:
             seq = self.waiting.popleft()
             seq.slot = self.slots.index(None)
@@ -99,8 +109,12 @@ class Scheduler:
             made.append(self._emit(seq, self._prefill(seq)))
         live = self.active
         if live:
-            tokens = self.decoder.step([q.slot for q in live], [q.generated[-1] for q in live])
-            made += [self._emit(q, t) for q, t in zip(live, tokens)]
+            slots, inputs = [q.slot for q in live], [q.generated[-1] for q in live]
+            if self._pipelined:
+                self.decoder.launch(slots, inputs)
+                self._inflight = live
+            else:
+                made += [self._emit(q, t) for q, t in zip(live, self.decoder.step(slots, inputs))]
         return made
 
     def _prefill(self, seq: Sequence) -> int:

@@ -75,6 +75,42 @@ def test_admission_waits_for_a_free_slot_and_prefills_between_steps():
     assert sched.retired == {"length": 3}
 
 
+class LaunchingSlots(RecordingSlots):
+    """RecordingSlots with step() in two halves, as the GPU's decoder: launch() feeds the slots, collect()
+    hands over the picks (the scheduler's caller works on the tokens in between)."""
+
+    def launch(self, slots, tokens):
+        self._picks = RecordingSlots.step(self, slots, tokens)
+        self.calls[-1] = ("launch", tuple(slots))         # recorded as a launch, not a step
+
+    def collect(self):
+        self.calls.append(("collect",))
+        picks, self._picks = self._picks, None
+        return picks
+
+
+def test_launched_steps_are_collected_by_the_next_call():
+    """With launch / collect a call returns the tokens of the step the call before launched: the same tokens
+    in the end, each sequence's first (its prefill's) at once; a sequence cancelled while its step is out
+    loses that token and keeps "cancelled"; the last step is collected while busy says so."""
+    dec = LaunchingSlots(2)
+    sched = Scheduler(dec)
+    a, b = Sequence([1, 2, 3], max_tokens=5), Sequence([4, 5], max_tokens=5)
+    sched.add(a)
+    sched.add(b)
+    made = sched.step()                               # a prefilled (its first token) and launched
+    assert made == [(a, a.generated[0])] and dec.calls[-1] == ("launch", (0,))
+    made = sched.step()                               # a's second token; b admitted; both launched
+    assert [q for q, _ in made] == [a, b] and len(a.generated) == 2 and dec.calls[-1] == ("launch", (0, 1))
+    sched.cancel(b)                                   # while its step is out
+    made = sched.step()
+    assert [q for q, _ in made] == [a] and b.finish_reason == "cancelled" and len(b.generated) == 1
+    while sched.busy:
+        sched.step()
+    assert a.generated == alone(a.prompt_ids, 5) and a.finish_reason == "length"
+    assert dec.calls[-2:] == [("collect",), ("release", 0)] and sched.retired == {"length": 1, "cancelled": 1}
+
+
 def test_stop_token_retires_and_is_the_last_token():
     free = alone([9, 9], 12)
     stop = frozenset({free[4]})
