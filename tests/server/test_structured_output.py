@@ -78,3 +78,16 @@ def test_completion_logprobs_shape(tiny_client):
         assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     assert all(len(d) <= 2 for d in lp.top_logprobs)
+
+
+def test_serve_builds_the_grammar_tokenizer_before_the_first_request(qwen_tokenizer):
+    """server.api.warm_grammar (what serve() runs before listening) leaves the llguidance tokenizer cached, so
+    a first schema request does not pay its ~2 s; an engine without an end-of-turn token is left alone."""
+    from types import SimpleNamespace
+
+    from ninfer_numba.engine import constraint
+    from ninfer_numba.server.api import warm_grammar
+    constraint._LLTOKENIZERS.pop(qwen_tokenizer, None)
+    warm_grammar(SimpleNamespace(tokenizer=qwen_tokenizer))
+    assert qwen_tokenizer in constraint._LLTOKENIZERS
+    warm_grammar(SimpleNamespace(tokenizer=SimpleNamespace(eos_ids=[])))      # nothing to build: no error
