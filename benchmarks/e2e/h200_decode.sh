@@ -44,7 +44,7 @@
 #               the one-row step; then benchmarks.e2e.concurrency through `ninfer serve --batch-slots 16`
 #               beside llama-batched-bench (issue 17), in what is left of 570 s
 #   STAGE=serve_ours: as serve_batched without llama.cpp (its figures: that stage's run on the same file), in
-#               what is left of 380 s: the batched step's and scheduler's GPU tests, batched_decode, and
+#               what is left of 250 s: the batched step's and scheduler's GPU tests, batched_decode, and
 #               concurrency through `ninfer serve --batch-slots 16`
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
@@ -270,15 +270,15 @@ batched_shards)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 serve_ours)
-  left() { echo $(( 380 - SECONDS > 10 ? 380 - SECONDS : 10 )); }
+  left() { echo $(( 250 - SECONDS > 10 ? 250 - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
   genv=$!
-  timeout 150 python3 -m pytest -q -n 3 -m gpu tests/model/test_batched_decode.py tests/kernels/test_gemv_rows.py \
-    -k "not tiles" -p no:cacheprovider --durations=4 > "$OUT/logs/test_serve_gpu.log" 2>&1
+  timeout 90 python3 -m pytest -q -n 3 -m gpu tests/model/test_batched_decode.py \
+    -p no:cacheprovider --durations=4 > "$OUT/logs/test_serve_gpu.log" 2>&1
   say "batched step, scheduler and ring GEMV GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serve_gpu.log")"
   grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_serve_gpu.log" | cut -c1-300 | head -10
   wait $genv
-  timeout 100 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf \
+  timeout 70 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf --batches 1,16 \
     --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
   say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -8
   timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
