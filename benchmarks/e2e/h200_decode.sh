@@ -44,8 +44,8 @@
 #               the one-row step; then benchmarks.e2e.concurrency through `ninfer serve --batch-slots 16`
 #               beside llama-batched-bench (issue 17), in what is left of 570 s
 #   STAGE=serve_ours: as serve_batched without llama.cpp (its figures: that stage's run on the same file), in
-#               what is left of 250 s: the batched step's and scheduler's GPU tests, batched_decode, and
-#               concurrency through `ninfer serve --batch-slots 16`
+#               what is left of 250 s: the batched step's and scheduler's GPU tests, concurrency through
+#               `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -278,12 +278,12 @@ serve_ours)
   say "batched step, scheduler and ring GEMV GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serve_gpu.log")"
   grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_serve_gpu.log" | cut -c1-300 | head -10
   wait $genv
-  timeout 70 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf --batches 1,16 \
-    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
-  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -8
-  timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
+  timeout 110 python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
     --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
   say "concurrency (exit $?):"; grep -E "^(ours|\|)" "$OUT/logs/concurrency.log" | tail -16
+  timeout $(left) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
+    > "$OUT/logs/prefix_gate.log" 2>&1
+  say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 serve_batched)
