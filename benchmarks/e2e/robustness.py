@@ -8,8 +8,8 @@ file through `ninfer info` and `ninfer logits` in child processes under a time l
 and exit status, how many ended in more than one line of stderr (a traceback), the peak resident memory of
 any batch. The test asserts the bounds; this prints the figures.
 
-Server: the scripted engine of tests/server (no model) behind the real app, its grammar tokenizer built as
-`serve` builds it; tests/server/test_server_errors.py's malformed chat requests one after another, then a
+Server: the scripted engine of tests/server (no model) behind the real app, warmed up as `serve` warms it
+(server/api.warm_up); tests/server/test_server_errors.py's malformed chat requests one after another, then a
 20 MB body and JSON nested 100,000 deep, while another thread polls /health over a raw socket (one
 connection per poll, TCP_NODELAY: the server's time, not an HTTP client's).
 """
@@ -57,12 +57,12 @@ def server() -> None:
 
     from ninfer_numba.formats.qwen_vocab import qwen35_vocab_metadata
     from ninfer_numba.formats.tokenizer import Tokenizer
-    from ninfer_numba.server.api import create_app, warm_grammar
+    from ninfer_numba.server.api import create_app, warm_up
     from tests.server.conftest import LiveServer
     from tests.server.scripted_llm import ScriptedLLM
     from tests.server.test_server_errors import CHAT_CASES
     llm = ScriptedLLM(Tokenizer.from_gguf_kv(qwen35_vocab_metadata()))
-    warm_grammar(llm)
+    warm_up(llm)
     live = LiveServer(create_app(llm)).start()
     host, port = live.url.split("//")[1].split(":")
     health, stop = [], threading.Event()

@@ -254,13 +254,23 @@ def create_app(llm, *, api_key: str | None = None, model_id: str | None = None, 
     return app
 
 
-def warm_grammar(llm) -> None:
-    """Build the engine's llguidance tokenizer now when constrained decoding is available (else nothing)."""
+def warm_up(llm) -> None:
+    """What the first requests would otherwise build while holding the GIL (the event loop then answers
+    nothing, /health included, for that long): the chat template compiled and rendered once, the rendered
+    text tokenized, and the llguidance tokenizer when constrained decoding is installed (about 2 s at 248K
+    tokens). A template that fails here fails per request later, with its message."""
+    from ninfer_numba.formats.chat_template import render_chat
+    tokenizer = getattr(llm, "tokenizer", None)
+    try:
+        text = render_chat([{"role": "user", "content": "Hi"}], template=getattr(llm, "chat_template", None))
+        if tokenizer is not None:
+            tokenizer.encode(text)
+    except Exception as exc:  # noqa: BLE001  (reported per request, where the client sees it)
+        log.warning("chat template warm-up failed: %s", exc)
     try:
         from ninfer_numba.engine.constraint import lltokenizer
     except ImportError:                     # llguidance not installed: grammars are refused per request
         return
-    tokenizer = getattr(llm, "tokenizer", None)
     if tokenizer is not None and tokenizer.eos_ids:
         lltokenizer(tokenizer)
 
@@ -268,9 +278,9 @@ def warm_grammar(llm) -> None:
 def serve(llm, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
           model_id: str | None = None, log_level: str = "info", **limits) -> None:
     """Serves `llm` until interrupted; limits: create_app's max_queue, default_max_tokens and batch_slots. The
-    grammar tokenizer is built first (about 2 s at 248K tokens), so the first request with a schema or tools,
-    valid or not, is answered as fast as the rest."""
+    first requests' one-time work is done before listening (warm_up), so they are answered as fast as the rest
+    and /health meanwhile."""
     import uvicorn
-    warm_grammar(llm)
+    warm_up(llm)
     uvicorn.run(create_app(llm, api_key=api_key, model_id=model_id, **limits), host=host, port=port,
                 log_level=log_level)

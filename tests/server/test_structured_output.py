@@ -80,14 +80,17 @@ def test_completion_logprobs_shape(tiny_client):
     assert all(len(d) <= 2 for d in lp.top_logprobs)
 
 
-def test_serve_builds_the_grammar_tokenizer_before_the_first_request(qwen_tokenizer):
-    """server.api.warm_grammar (what serve() runs before listening) leaves the llguidance tokenizer cached, so
-    a first schema request does not pay its ~2 s; an engine without an end-of-turn token is left alone."""
+def test_serve_warms_up_before_the_first_request(qwen_tokenizer):
+    """server.api.warm_up (what serve() runs before listening) leaves the chat template compiled and the
+    llguidance tokenizer cached, so a first request does not pay them (the event loop waits meanwhile); an
+    engine without an end-of-turn token gets no grammar tokenizer, a broken template only a warning."""
     from types import SimpleNamespace
 
     from ninfer_numba.engine import constraint
-    from ninfer_numba.server.api import warm_grammar
+    from ninfer_numba.formats import chat_template
+    from ninfer_numba.server.api import warm_up
     constraint._LLTOKENIZERS.pop(qwen_tokenizer, None)
-    warm_grammar(SimpleNamespace(tokenizer=qwen_tokenizer))
-    assert qwen_tokenizer in constraint._LLTOKENIZERS
-    warm_grammar(SimpleNamespace(tokenizer=SimpleNamespace(eos_ids=[])))      # nothing to build: no error
+    chat_template._compile.cache_clear()
+    warm_up(SimpleNamespace(tokenizer=qwen_tokenizer, chat_template=None))
+    assert qwen_tokenizer in constraint._LLTOKENIZERS and chat_template._compile.cache_info().currsize == 1
+    warm_up(SimpleNamespace(tokenizer=SimpleNamespace(eos_ids=[], encode=len), chat_template="{{ 1/0 }}"))
