@@ -62,14 +62,11 @@ def _stub_value(token, n_layer):
     return x
 
 
-@pytest.mark.cudasim
-def test_the_chain_of_shards_hands_every_chunk_through(tiny_novocab, monkeypatch):
-    """The orchestration alone, under the simulator (the real forward there takes minutes per chunk; the GPU
-    test below checks it): 3 shards on one device, 7 tokens in chunks of 3, 3, 1 (both bridge parities, a
-    short last chunk), then decode steps: each shard's layers run once, in order, on its chunk."""
+def _stub_shards(monkeypatch, model_class) -> None:
+    """Under the simulator only (the GPU runs test_shards_equal_the_cuda_runner): the sharded runner builds
+    model_class shards on weights that name their layers and hold nothing."""
     from types import SimpleNamespace
 
-    from ninfer_numba import LLM
     from ninfer_numba.engine import sharded_runner
     from ninfer_numba.kernels.numba_env import SIMULATOR
     if not SIMULATOR:
@@ -78,7 +75,16 @@ def test_the_chain_of_shards_hands_every_chunk_through(tiny_novocab, monkeypatch
     def weights(w, *, layers, embedding, head, log=None):
         return SimpleNamespace(config=w.config, layers=list(layers), embedding=embedding, head=head)
     monkeypatch.setattr(sharded_runner, "GpuWeights", weights)
-    monkeypatch.setattr(sharded_runner, "Qwen35Gpu", _StubModel)
+    monkeypatch.setattr(sharded_runner, "Qwen35Gpu", model_class)
+
+
+@pytest.mark.cudasim
+def test_the_chain_of_shards_hands_every_chunk_through(tiny_novocab, monkeypatch):
+    """The orchestration alone, under the simulator (the real forward there takes minutes per chunk; the GPU
+    test below checks it): 3 shards on one device, 7 tokens in chunks of 3, 3, 1 (both bridge parities, a
+    short last chunk), then decode steps: each shard's layers run once, in order, on its chunk."""
+    from ninfer_numba import LLM
+    _stub_shards(monkeypatch, _StubModel)
     llm = LLM(tiny_novocab, backend="cuda", max_seq=16, prefill_chunk=3, gpus="0,0,0")
     runner, n = llm.runner, llm.config.n_layer
     assert [list(s.layers) for s in runner.plan] == [[0], [1, 2], [3]]      # the tied head weighs on the last
@@ -112,18 +118,8 @@ def test_greedy_steps_feed_the_device_pick_back(tiny_novocab, monkeypatch, gpus)
     """decode_greedy under the simulator (eager steps: the graphs are GPU-only): one shard's argmax lands in
     its own token buffer, so a step fed that pick uploads nothing; with two shards every token goes up
     through the host. A token other than the last pick, or one after a prefill, is uploaded either way."""
-    from types import SimpleNamespace
-
     from ninfer_numba import LLM
-    from ninfer_numba.engine import sharded_runner
-    from ninfer_numba.kernels.numba_env import SIMULATOR
-    if not SIMULATOR:
-        pytest.skip("simulator test")
-
-    def weights(w, *, layers, embedding, head, log=None):
-        return SimpleNamespace(config=w.config, layers=list(layers), embedding=embedding, head=head)
-    monkeypatch.setattr(sharded_runner, "GpuWeights", weights)
-    monkeypatch.setattr(sharded_runner, "Qwen35Gpu", _PickStub)
+    _stub_shards(monkeypatch, _PickStub)
     runner = LLM(tiny_novocab, backend="cuda", max_seq=16, prefill_chunk=3, gpus=gpus).runner
     n, one = runner.config.n_layer, gpus == "0,"
     assert len(runner.workers) == (1 if one else 2)

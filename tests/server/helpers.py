@@ -1,6 +1,8 @@
-"""Joining streamed OpenAI chunks back into one message, checking the stream's shape on the way."""
+"""Joining streamed OpenAI chunks back into one message, checking the stream's shape on the way; waiting for a
+server-side condition."""
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 
@@ -43,3 +45,13 @@ def message_of(response) -> dict[str, Any]:
             "calls": [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
                       for c in msg.tool_calls or []],
             "finish_reason": response.choices[0].finish_reason}
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Poll predicate() until it is true (True) or timeout seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

@@ -4,13 +4,12 @@ mid-batch frees its slot without disturbing the others."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.server.helpers import join_chat_stream
+from tests.server.helpers import join_chat_stream, wait_for
 
 MODEL = "tiny"
 TEXTS = ["Hello", "Name three colours", "2 + 2 =", "Tell me about the sea"]
@@ -40,13 +39,6 @@ def ask(server, text: str, max_tokens: int) -> dict:
                       usage.completion_tokens_details.reasoning_tokens)}
 
 
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_concurrent_streams_equal_their_single_client_outputs(servers, monkeypatch):
@@ -83,13 +75,13 @@ def test_a_client_leaving_mid_batch_frees_its_slot_and_spares_the_others(servers
     others = [threading.Thread(target=finish, args=(t,)) for t in want]
     for t in others:
         t.start()
-    assert wait_for(lambda: len(sched.active) == 3), "the three never shared the slots"
+    assert wait_for(lambda: len(sched.active) == 3, timeout=20.0), "the three never shared the slots"
     for _ in range(3):
         next(chunks)
     stream.close()
-    assert wait_for(lambda: sched.retired["cancelled"] > before["cancelled"])
+    assert wait_for(lambda: sched.retired["cancelled"] > before["cancelled"], timeout=20.0)
     for t in others:
         t.join(60)
     assert results == want
     assert sched.retired - before == Counter({"cancelled": 1, "length": 2})
-    assert wait_for(lambda: not sched.busy)
+    assert wait_for(lambda: not sched.busy, timeout=20.0)

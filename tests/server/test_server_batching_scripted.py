@@ -4,14 +4,13 @@ other requests run alone between the steps, never beside them; the waiting line 
 failure fails the batch's requests and the server goes on."""
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
-from tests.server.helpers import join_chat_stream, message_of
+from tests.server.helpers import join_chat_stream, message_of, wait_for
 from tests.server.scripted_llm import Reply, ScriptedLLM
 from tests.server.test_server_endpoints import TOOL_REPLY, WEATHER_TOOL
 
@@ -51,13 +50,6 @@ def chat(server, key: str, stream: bool, **extra) -> dict:
             "usage": (usage.prompt_tokens, usage.completion_tokens, usage.completion_tokens_details.reasoning_tokens)}
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def test_shared_steps_give_what_a_request_alone_gets(serve_llm, engine):
@@ -93,7 +85,7 @@ def test_other_requests_run_alone_between_the_steps(serve_llm, engine):
         with ThreadPoolExecutor(2) as pool:
             greedy = [pool.submit(server.client().chat.completions.create, model=MODEL, temperature=0,
                                   messages=[{"role": "user", "content": "slow greedy"}]) for _ in range(2)]
-            assert wait_for(lambda: len(slots.batch_sizes) > 3 and slots.batch_sizes[-1] == 2)
+            assert wait_for(lambda: len(slots.batch_sizes) > 3 and slots.batch_sizes[-1] == 2, timeout=10.0)
             r = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "sampled"}])
             busy.append(all(not f.done() for f in greedy))
             answers = [f.result().choices[0].message.content for f in greedy]
@@ -113,9 +105,9 @@ def test_a_full_line_answers_429_with_batching(serve_llm, engine):
     url = server.url + "/v1/chat/completions"
     with ThreadPoolExecutor(3) as pool:
         held = [pool.submit(httpx.post, url, json=body, timeout=30) for _ in range(2)]
-        assert wait_for(lambda: len(state.worker.batched.scheduler.active) == 2)
+        assert wait_for(lambda: len(state.worker.batched.scheduler.active) == 2, timeout=10.0)
         waiting = pool.submit(httpx.post, url, json=body, timeout=30)
-        assert wait_for(lambda: state.worker.queued == 1)
+        assert wait_for(lambda: state.worker.queued == 1, timeout=10.0)
         refused = httpx.post(url, json=body, timeout=30)
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
         assert [f.result().status_code for f in held + [waiting]] == [200] * 3

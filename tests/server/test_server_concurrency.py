@@ -10,20 +10,13 @@ import httpx
 import openai
 import pytest
 
-from tests.server.helpers import join_chat_stream, message_of
+from tests.server.helpers import join_chat_stream, message_of, wait_for
 from tests.server.scripted_llm import Reply
 
 MODEL = "scripted-qwen35"
 SLOW = Reply("</think>\n\n" + "word " * 400, token_delay_s=0.005)
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_concurrent_clients_are_served_one_at_a_time(live, scripted):
@@ -48,7 +41,7 @@ def test_stream_disconnect_stops_generation(live, scripted):
     received = [next(iter(stream)) for _ in range(5)]
     assert received[0].choices[0].delta.role == "assistant"
     stream.close()
-    assert wait_for(lambda: "slow stream" in scripted.closed_early), "the engine generator was not closed"
+    assert wait_for(lambda: "slow stream" in scripted.closed_early, timeout=5.0), "the engine generator was not closed"
     assert scripted.wait_idle()
     r = live.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "after"}])
     assert r.choices[0].message.content == "You said: after"
@@ -60,13 +53,13 @@ def test_non_streaming_disconnect_stops_generation_and_skips_queued_jobs(live, s
     body = {"model": MODEL, "messages": [{"role": "user", "content": "slow whole"}]}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(live.url + "/v1/chat/completions", json=body, timeout=0.5)
-    assert wait_for(lambda: "slow whole" in scripted.closed_early)
+    assert wait_for(lambda: "slow whole" in scripted.closed_early, timeout=5.0)
 
     scripted.replies["blocker"] = SLOW
     blocker = threading.Thread(target=lambda: live.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "blocker"}]))
     blocker.start()
-    assert wait_for(lambda: any("blocker" in p for p, _ in scripted.calls))
+    assert wait_for(lambda: any("blocker" in p for p, _ in scripted.calls), timeout=5.0)
     queued = {"model": MODEL, "messages": [{"role": "user", "content": "queued then gone"}]}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(live.url + "/v1/chat/completions", json=queued, timeout=0.3)
@@ -98,10 +91,10 @@ def test_a_full_queue_answers_429_with_retry_after(serve_llm, scripted):
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(httpx.post, server.url + "/v1/chat/completions", json=body("hold the engine"),
                               timeout=30)
-        assert wait_for(lambda: any("hold the engine" in prompt for prompt, _ in scripted.calls))
+        assert wait_for(lambda: any("hold the engine" in prompt for prompt, _ in scripted.calls), timeout=5.0)
         waiting = pool.submit(httpx.post, server.url + "/v1/chat/completions", json=body("next in line"),
                               timeout=30)
-        assert wait_for(lambda: server.app.state.server.worker.queued == 1)
+        assert wait_for(lambda: server.app.state.server.worker.queued == 1, timeout=5.0)
         t0 = time.monotonic()
         refused = httpx.post(server.url + "/v1/chat/completions", json=body("one too many"), timeout=30)
         assert time.monotonic() - t0 < 1.0 and refused.status_code == 429

@@ -35,7 +35,6 @@ Error: as gemv_rows (q8.ref.q8_error_bound).
 """
 from functools import lru_cache
 
-import numpy as np
 from numba import float32, types, uint32, uint64
 
 from ninfer_numba.kernels import ptx
