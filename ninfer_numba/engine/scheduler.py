@@ -25,6 +25,7 @@ the whole prompt).
 """
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
+        # where the time goes (wall seconds on the calling thread): "prefill" (admissions, cache restores and
+        # snapshots included), "step" (the decoder's steps: launches, and the waits in collect); counts:
+        # "prefills", "steps", "rows" (sequences stepped, summed over steps)
+        self.seconds: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()
         self._pipelined = hasattr(decoder, "launch")
         self._inflight: list[Sequence] | None = None  # the sequences of the launched, uncollected step
 
@@ -99,14 +105,18 @@ class Scheduler:
         retired since, by cancel, loses its token), admits, and launches the next step before returning:
         the caller's work on the tokens (text, streaming) overlaps the GPU's next step."""
         made = []
+        t0 = time.perf_counter()
         if self._inflight is not None:
             live, self._inflight = self._inflight, None
             made += [self._emit(q, t) for q, t in zip(live, self.decoder.collect()) if not q.finished]
+        t1 = time.perf_counter()
         if self.waiting and None in self.slots:
             seq = self.waiting.popleft()
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
             made.append(self._emit(seq, self._prefill(seq)))
+            self.counts["prefills"] += 1
+        t2 = time.perf_counter()
         live = self.active
         if live:
             slots, inputs = [q.slot for q in live], [q.generated[-1] for q in live]
@@ -115,7 +125,17 @@ class Scheduler:
                 self._inflight = live
             else:
                 made += [self._emit(q, t) for q, t in zip(live, self.decoder.step(slots, inputs))]
+            self.counts["steps"] += 1
+            self.counts["rows"] += len(live)
+        self.seconds["prefill"] += t2 - t1
+        self.seconds["step"] += (t1 - t0) + (time.perf_counter() - t2)
         return made
+
+    def summary(self) -> str:
+        """One line: steps, mean rows, prefills, and the seconds of each."""
+        steps = self.counts["steps"]
+        return (f"{steps} steps of {self.counts['rows'] / max(steps, 1):.1f} rows on average in "
+                f"{self.seconds['step']:.3f} s; {self.counts['prefills']} prefills in {self.seconds['prefill']:.3f} s")
 
     def _prefill(self, seq: Sequence) -> int:
         """Slot seq.slot from the longest cached prefix of the prompt (or empty), then the rest of the prompt,

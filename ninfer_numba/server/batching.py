@@ -9,6 +9,7 @@ fails every sequence it held (the scheduler cannot tell whose fault it was); tho
 from __future__ import annotations
 
 import logging
+import time
 
 from ninfer_numba.engine.scheduler import Sequence
 from ninfer_numba.server.worker import Failed, Job, JobOutput
@@ -23,6 +24,7 @@ class BatchedJobs:
         self.scheduler = llm.scheduler(n_slots)
         self.tokenizer = llm.tokenizer
         self._jobs: dict[Sequence, JobOutput] = {}     # unfinished sequences -> their job's output side
+        self.text_seconds = 0.0                        # in the jobs' text, stop strings, parsers and events
 
     @property
     def busy(self) -> bool:
@@ -60,6 +62,15 @@ class BatchedJobs:
             for seq in self.scheduler.abort():
                 self._jobs.pop(seq).job.post(Failed(f"generation failed: {type(exc).__name__}: {exc}"))
             return
+        t0 = time.perf_counter()
+        self._deliver(made)
+        self.text_seconds += time.perf_counter() - t0
+
+    def summary(self) -> str:
+        """The scheduler's line and the seconds its tokens took on the output side."""
+        return f"batched decode: {self.scheduler.summary()}; the tokens' text and events {self.text_seconds:.3f} s"
+
+    def _deliver(self, made) -> None:
         for seq, token in made:
             out = self._jobs.get(seq)
             if out is None or out.job.cancelled:     # ended earlier in this step, or retired before the next

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -124,6 +125,8 @@ class GenerationWorker:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
+        if self.batched is not None:             # where the batched path's time went, for the operator
+            print(f"ninfer serve: {self.batched.summary()}", file=sys.stderr, flush=True)
 
     @property
     def queued(self) -> int:

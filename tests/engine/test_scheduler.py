@@ -73,6 +73,10 @@ def test_admission_waits_for_a_free_slot_and_prefills_between_steps():
     for q in seqs:
         assert q.generated == alone(q.prompt_ids, q.max_tokens), q
     assert sched.retired == {"length": 3}
+    steps = sum(c[0] == "step" for c in dec.calls)
+    assert sched.counts["prefills"] == 3 and sched.counts["steps"] == steps
+    assert sched.counts["rows"] == sum(len(c[1]) for c in dec.calls if c[0] == "step")
+    assert f"{steps} steps of" in sched.summary() and "3 prefills in" in sched.summary()
 
 
 class LaunchingSlots(RecordingSlots):

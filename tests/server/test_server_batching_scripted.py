@@ -125,3 +125,28 @@ def test_an_engine_failure_fails_the_batch_and_the_server_goes_on(serve_llm, eng
     r = client.chat.completions.create(model=MODEL, temperature=0, messages=[{"role": "user", "content": "fine"}])
     assert r.choices[0].message.content == "You said: fine"
     assert not server.app.state.server.worker.batched.busy
+
+
+def test_stopping_the_worker_reports_where_the_batched_time_went(qwen_tokenizer, capsys):
+    """GenerationWorker.stop prints the batched path's one-line account (steps, rows, prefills and the output
+    side's seconds) for the operator, after the requests it held have finished."""
+    import asyncio
+
+    from ninfer_numba.config import SamplingParams
+    from ninfer_numba.server.output_parser import ChatOutputParser
+    from ninfer_numba.server.worker import Finished, GenerationWorker, Job
+    llm = ScriptedLLM(qwen_tokenizer)
+    loop = asyncio.new_event_loop()
+    worker = GenerationWorker(llm, batch_slots=2)
+    job = Job(qwen_tokenizer.encode("hi"), SamplingParams(max_tokens=8, temperature=0.0), [],
+              ChatOutputParser(start_in_reasoning=False), loop)
+    worker.submit(job)
+    worker.stop()
+    loop.run_until_complete(asyncio.sleep(0))          # the posted events land in the job's queue
+    events = []
+    while not job.events.empty():
+        events.append(job.events.get_nowait())
+    loop.close()
+    assert isinstance(events[-1], Finished)
+    err = capsys.readouterr().err
+    assert "ninfer serve: batched decode: " in err and "1 prefills in" in err and "text and events" in err
