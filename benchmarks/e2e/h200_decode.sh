@@ -249,10 +249,8 @@ batched_shards)
   left() { echo $(( 400 - SECONDS > 10 ? 400 - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  timeout 150 python3 -m pytest -q -n 2 -m gpu tests/model/test_batched_decode.py tests/engine/test_sharded_runner.py \
-    -p no:cacheprovider --durations=4 > "$OUT/logs/test_batched_shards_gpu.log" 2>&1
-  say "batched decoder and shard GPU tests (exit $?): $(tail -1 "$OUT/logs/test_batched_shards_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_batched_shards_gpu.log" | cut -c1-300 | head -10
+  gpu_tests 150 2 test_batched_shards_gpu "batched decoder and shard" tests/model/test_batched_decode.py \
+    tests/engine/test_sharded_runner.py
   wait $gen
   timeout 150 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --out "$OUT/batched_decode.json" \
     > "$OUT/logs/batched_decode.log" 2>&1
@@ -273,10 +271,7 @@ serve_ours)
   left() { echo $(( 250 - SECONDS > 10 ? 250 - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
   genv=$!
-  timeout 90 python3 -m pytest -q -n 3 -m gpu tests/model/test_batched_decode.py \
-    -p no:cacheprovider --durations=4 > "$OUT/logs/test_serve_gpu.log" 2>&1
-  say "batched step, scheduler and ring GEMV GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serve_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_serve_gpu.log" | cut -c1-300 | head -10
+  gpu_tests 90 3 test_serve_gpu "batched step and scheduler" tests/model/test_batched_decode.py
   wait $genv
   timeout 110 python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
     --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
@@ -292,10 +287,8 @@ serve_batched)
   build=$!
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
   genv=$!
-  timeout 200 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_gemv_rows.py tests/model/test_batched_decode.py \
-    -p no:cacheprovider --durations=4 > "$OUT/logs/test_serve_gpu.log" 2>&1
-  say "B-row GEMV, batched step and scheduler GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serve_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_serve_gpu.log" | cut -c1-300 | head -10
+  gpu_tests 200 4 test_serve_gpu "B-row GEMV, batched step and scheduler" tests/kernels/test_gemv_rows.py \
+    tests/model/test_batched_decode.py
   timeout 120 python3 -m benchmarks.kernels.bench_gemm --model 9b --only rows --out "$OUT/bench_gemm.jsonl" \
     > "$OUT/logs/bench_rows_9b.log" 2>&1
   say "bench_gemm 9b rows (exit $?):"; grep -E "gemv_q8|rows ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
@@ -313,10 +306,8 @@ ring)
   left() { echo $(( 560 - SECONDS > 10 ? 560 - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  timeout 200 python3 -m pytest -q -n 4 -m gpu tests/kernels/test_gemv_rows.py tests/model/test_batched_decode.py \
-    -p no:cacheprovider --durations=4 > "$OUT/logs/test_ring_gpu.log" 2>&1
-  say "B-row GEMV and batched step GPU tests (exit $?): $(tail -1 "$OUT/logs/test_ring_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_ring_gpu.log" | cut -c1-300 | head -10
+  gpu_tests 200 4 test_ring_gpu "B-row GEMV and batched step" tests/kernels/test_gemv_rows.py \
+    tests/model/test_batched_decode.py
   timeout 200 python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows,sweep --out "$OUT/bench_gemm.jsonl" \
     > "$OUT/logs/bench_rows_9b.log" 2>&1
   say "bench_gemm 9b gemv, rows, sweep (exit $?):"; grep -E "gemv_q8|rows ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120

@@ -1,9 +1,18 @@
-# Sourced by the H200 stage scripts: output folder, environment, the `say` timestamp helper, the offline
+# Sourced by the H200 stage scripts: output folder, environment, the `say` timestamp helper, gpu_tests, the offline
 # install (exits 3 with the install log's tail when it fails) and kv_decode_bench.
 set -u
 OUT=${OUT:-results/session}; mkdir -p "$OUT" "$OUT/logs" models
 export PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 say() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+# GPU tests under a time limit into $OUT/logs/<log>.log, then their summary line and first failures:
+# gpu_tests seconds workers log "label" test-files...
+gpu_tests() {
+  local secs=$1 workers=$2 log=$OUT/logs/$3.log label=$4
+  shift 4
+  timeout "$secs" python3 -m pytest -q -n "$workers" -m gpu "$@" -p no:cacheprovider --durations=4 > "$log" 2>&1
+  say "$label GPU tests (exit $?): $(tail -1 "$log")"
+  grep -E "^(FAILED|ERROR|E  )" "$log" | cut -c1-300 | head -10
+}
 make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
 say "setup done"
 # llama.cpp's build (carry .cache/llama.cpp/src) and the 9b, then the 27b synthetic file, in the background:
