@@ -8,6 +8,8 @@ intrinsics in ptx.py switch to pure-Python fallbacks.
 
 The on-disk kernel cache lives in kernel_cache.py.
 """
+import functools
+
 import numpy as np
 
 if not hasattr(np, "row_stack"):
@@ -19,6 +21,13 @@ from ninfer_numba.config import BackendUnavailableError  # noqa: E402
 from numba import cuda  # noqa: E402
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    """The current GPU's multiprocessors (132 on an H100/H200, which the simulator stands in for): what
+    launch-shape choices divide their blocks by."""
+    return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def gpu_available() -> bool:

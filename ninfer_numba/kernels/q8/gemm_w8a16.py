@@ -56,7 +56,7 @@ from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels import ptx_sm90 as sm90
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
 from ninfer_numba.kernels.q8.ref import QK
 
 BW = 128                          # weight rows (output columns) per CTA: 2 warpgroups x 64
@@ -248,11 +248,6 @@ def _choose_ba(m: int, n: int, n_sm: int) -> int:
     return min(_ROW_COST, key=cost)
 
 
-@lru_cache(maxsize=None)
-def _sm_count() -> int:
-    return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
 _WS_BITS: dict = {}                    # id(ws) -> (ws, its flat uint16 view): one view per weight matrix
 
 
@@ -278,7 +273,7 @@ def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = No
                          f"out {tuple(out.shape)} (need K % 32 == 0, N % 4 == 0)")
     if m == 0:
         return
-    ba = ba or _choose_ba(m, n, _sm_count())
+    ba = ba or _choose_ba(m, n, sm_count())
     if ba not in _ROW_COST:
         raise ValueError(f"ba must be one of {sorted(_ROW_COST)}, not {ba}")
     kernel = _kernel(ba)

@@ -40,7 +40,7 @@ from numba import float32, types, uint32, uint64
 from ninfer_numba.kernels import ptx
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx_sm90 import cp_async_16b
 from ninfer_numba.kernels.q8.gemm_mma import _MAGIC_BITS, _biased_to_f32
@@ -219,10 +219,6 @@ def _ring_kernel(n_tiles: int, warps: int, stages: int, splits: int):
     return gemv_rows_ring
 
 
-def _n_sm() -> int:
-    return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
 def gemv_rows_ring_q8(wq, ws, xq, xs, out, *, accumulate=False, config=None, splits=None, stream=0):
     """out = x W^T (or out += x W^T) for 1 <= B <= 16 rows, K % 256 == 0 (shapes checked by the caller,
     q8/gemv_rows.gemv_rows_q8). config: (warps per block, stages) instead of CONFIG; splits: S instead of
@@ -230,7 +226,7 @@ def gemv_rows_ring_q8(wq, ws, xq, xs, out, *, accumulate=False, config=None, spl
     n_rows, k = wq.shape
     n_tiles = (xq.shape[0] + 7) // 8
     warps, stages = config or CONFIG[n_tiles]
-    s = splits or choose_splits(n_rows, k, warps, stages, _n_sm(), n_tiles)
+    s = splits or choose_splits(n_rows, k, warps, stages, sm_count(), n_tiles)
     if warps % s or stages not in (2, 3) or k % STAGE_K:
         raise ValueError(f"gemv_rows_ring: {warps} warps, {stages} stages, {s} splits, K {k}")
     kernel = _ring_kernel(n_tiles, warps, stages, s)
