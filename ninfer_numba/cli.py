@@ -173,12 +173,12 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 def _cmd_serve(a: argparse.Namespace) -> int:
     from ninfer_numba import LLM
-    from ninfer_numba.server.api import serve
+    from ninfer_numba.server.api import BATCH_SLOTS, serve
     llm = LLM(a.model, backend=a.backend, max_seq=a.max_seq, **_engine_kwargs(a))
     slots = a.batch_slots
     if slots is None:                       # the default: batch where the engine can
         refusal = llm.batch_refusal()
-        slots = 1 if refusal else 4
+        slots = 1 if refusal else BATCH_SLOTS
         if refusal:
             print(f"ninfer serve: one request at a time ({refusal})", file=sys.stderr)
     serve(llm, host=a.host, port=a.port, api_key=a.api_key or os.environ.get("NINFER_API_KEY") or None,

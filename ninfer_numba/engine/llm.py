@@ -212,9 +212,8 @@ class LLM:
 
     def _snapshot(self, ids: list[int]) -> None:
         """Keep the state after ids (their prefill has run, nothing after them yet), unless already kept."""
-        cache = self.prefix_cache
-        if cache is not None and not cache.has(ids):
-            cache.put(ids, self.runner.snapshot())
+        if self.prefix_cache is not None:
+            self.prefix_cache.keep(ids, self.runner.snapshot)
 
     def _reset(self) -> None:
         self.runner.reset()

@@ -65,6 +65,12 @@ class PrefixCache:
     def has(self, ids: Sequence[int]) -> bool:
         return tuple(ids) in self._entries
 
+    def keep(self, ids: Sequence[int], take) -> None:
+        """put(ids, take()) unless ids are kept already: take (the runner's or a slot's snapshot, a copy of
+        the state) runs only when its result is wanted."""
+        if not self.has(ids):
+            self.put(ids, take())
+
     def put(self, ids: Sequence[int], snapshot) -> None:
         """Keep ``snapshot`` (the state after ids) unless it alone exceeds the budget; evict the least recently
         used entries until the rest fits."""

@@ -153,8 +153,8 @@ class Scheduler:
         for b in cuts + [len(ids)]:
             token = dec.prefill(s, ids[start:b])
             start = b
-            if cache is not None and not cache.has(ids[:b]):
-                cache.put(ids[:b], dec.snapshot(s))
+            if cache is not None:
+                cache.keep(ids[:b], lambda: dec.snapshot(s))
         return token
 
     def _emit(self, seq: Sequence, token: int) -> tuple[Sequence, int]:

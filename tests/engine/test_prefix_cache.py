@@ -77,6 +77,10 @@ def test_budget_evicts_least_recently_used():
     assert len(cache) == 2 and not cache.has([7])
     assert cache.boundaries(0, 20) == [8, 16] and cache.boundaries(16, 20) == [] and cache.boundaries(5, 17) == [8, 16]
     assert cache.boundaries(0, 8) == [] and cache.boundaries(0, 1) == []
+    taken = []
+    cache.keep([1, 2], lambda: taken.append("again") or Snap(1))      # kept already: no snapshot is taken
+    cache.keep([8], lambda: taken.append("new") or Snap(10))
+    assert taken == ["new"] and cache.has([8])
     with pytest.raises(ValueError):
         PrefixCache(budget_bytes=-1, every=8)
 
