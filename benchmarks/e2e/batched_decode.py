@@ -67,21 +67,21 @@ def main(argv=None) -> int:
 
 def _profile(llm, dec, b: int) -> dict:
     """Every kernel of one eager b-row step (slots 0..b-1) and of the one-stream step, each timed alone."""
-    from benchmarks.ceilings import measure_ceilings
-    from benchmarks.e2e.decode_profile import kernel_rows, print_kernel_rows, record_launches, record_step
-    copy_gbps = measure_ceilings()["copy_gbps"] or 4250.0
+    from benchmarks.e2e.decode_profile import copy_gbps, kernel_rows, print_kernel_rows, record_step
+    copy = copy_gbps()
     out = {}
-    for name, launches in (("one stream", record_step(llm.runner)),
-                           (f"{b} rows", _record_rows(dec, b, record_launches))):
+    for name, launches in (("one stream", record_step(llm.runner)), (f"{b} rows", _record_rows(dec, b))):
         rows = kernel_rows(launches)
         total = sum(r["us"] for r in rows)
         print(f"\n{name}: {len(launches)} launches, {total:.1f} us summed alone")
-        print_kernel_rows(rows, copy_gbps, limit=14)
+        print_kernel_rows(rows, copy, limit=14)
         out[name] = {"kernels_us": total, "rows": rows}
     return out
 
 
-def _record_rows(dec, b: int, record_launches):
+def _record_rows(dec, b: int) -> list[tuple]:
+    """Every launch of one eager b-row step over slots 0..b-1, emptied first."""
+    from benchmarks.e2e.decode_profile import record_launches
     for s in range(b):
         dec.reset(s)
     rows = dec.states.rows(dec.bucket(b))
