@@ -49,8 +49,12 @@ class BatchedDecoder:
         self._host_in = cuda.pinned_array(n_slots, np.int32)        # [n_slots] the rows' input tokens
         self._host_out = cuda.pinned_array(n_slots, np.int32)       # [n_slots] their picks
         self._graphs: dict[int, CudaGraph] = {}
+        self._tokens_dev = {b: model.buf.tokens[:b] for b in self.buckets}   # [b] views, made once
+        self._rows_key = self._fed_key = None    # (bucket, slots) whose rows are set / whose picks are fed
+        self._fed_picks: list[int] = []
+        self._pending = None                     # ((bucket, slots), n) of the launched step
         for b in self.buckets:                                      # every kernel once, on the spare slot
-            self._enqueue(b, [])
+            self._enqueue(b, [], set_rows=True)
         self.stream.synchronize()
         self.states.reset(self.pad)
 
@@ -70,6 +74,7 @@ class BatchedDecoder:
         """Empty slot s for a new sequence."""
         self._check_slot(s)
         self.states.reset(s)
+        self._forget_rows()
 
     def release(self, s: int) -> None:
         """Slot s's sequence is done. Its memory is the decoder's for good and reset() empties it for the next
@@ -87,13 +92,18 @@ class BatchedDecoder:
         view = self.states.view(s)
         snap.restore_into(view, self.stream)
         self.states.adopt(s, view)
+        self._forget_rows()
 
     def prefill(self, s: int, ids: list[int]) -> int:
         """ids run on slot s after what it holds, in chunks; returns the greedy next token."""
         self._check_slot(s)
         if not 1 <= len(ids) <= self.max_seq - 1 - self.states.host_pos[s]:
             raise ValueError(f"{len(ids)} tokens after {self.states.host_pos[s]} in a slot of {self.max_seq}")
+        if self._pending is not None:
+            raise RuntimeError("prefill between launch() and collect(): collect the step first")
         m = self.model
+        self._forget_rows()
+        m.tokens_owner = None                   # buf.tokens now holds this prompt's chunks
         view = self.states.view(s)
         arr = np.asarray(ids, np.int32)
         for i in range(0, len(arr), m.buf.t_max):
@@ -113,6 +123,15 @@ class BatchedDecoder:
     def step(self, slots: list[int], tokens: list[int]) -> list[int]:
         """One token for each sequence in slots (distinct), tokens[i] the input of slots[i]; returns each one's
         greedy next token."""
+        self.launch(slots, tokens)
+        return self.collect()
+
+    def launch(self, slots: list[int], tokens: list[int]) -> None:
+        """step()'s first half: the step enqueued, its picks on their way to pinned memory; collect() waits.
+        Host work per step is what makes a batched step slower than the runner's one-sequence graph, so a step
+        fed the picks of the step before, over the same slots, uploads nothing: its rows' positions were
+        advanced on the device and the picks are where the embedding reads them (buf.tokens, unless another
+        user of the model's buffers wrote them since: model.tokens_owner)."""
         n = len(slots)
         if n != len(tokens) or n == 0:
             raise ValueError(f"{n} slots and {len(tokens)} tokens")
@@ -120,13 +139,28 @@ class BatchedDecoder:
         if full:
             raise ValueError(f"slots {full}: outside [0, {self.n_slots}) or at their {self.max_seq} tokens")
         b = self.bucket(n)
-        self._host_in[:n] = tokens
-        self._host_in[n:b] = 0
-        self.model.buf.tokens[:b].copy_to_device(self._host_in[:b], stream=self.stream)
-        self._enqueue(b, slots)
-        self.model.buf.tokens[:n].copy_to_host(self._host_out[:n], stream=self.stream)
+        key = (b, tuple(slots))
+        if not (key == self._fed_key and self.model.tokens_owner is self and list(tokens) == self._fed_picks):
+            self._host_in[:n] = tokens
+            self._host_in[n:b] = 0
+            self._tokens_dev[b].copy_to_device(self._host_in[:b], stream=self.stream)
+        self._enqueue(b, slots, set_rows=key != self._rows_key)
+        self._rows_key = key if n == b else None            # pad rows: their positions are put back each step
+        self.model.tokens_owner = self
+        self._tokens_dev[b].copy_to_host(self._host_out[:b], stream=self.stream)
+        self._pending = (key, n)
+
+    def collect(self) -> list[int]:
+        """The picks of the step launch() enqueued, once it is done."""
         self.stream.synchronize()
-        return self._host_out[:n].tolist()
+        (key, n), self._pending = self._pending, None
+        picks = self._host_out[:n].tolist()
+        self._fed_key, self._fed_picks = key, picks
+        return picks
+
+    def _forget_rows(self) -> None:
+        """A slot's state or buf.tokens changed outside a step: the next step sets its rows and tokens."""
+        self._rows_key = self._fed_key = None
 
     def timed_steps(self, slots: list[int], first: list[int], n_steps: int) -> float:
         """Seconds of n_steps steps fed with their own picks (each read back before the next, as a server
@@ -147,11 +181,13 @@ class BatchedDecoder:
         for r in range(b):                              # each row's pick, where the next step embeds it
             argmax(m.logits[r], m.buf.tokens[r:r + 1], self._ws[r], stream=self.stream)
 
-    def _enqueue(self, b: int, slots: list[int]) -> None:
+    def _enqueue(self, b: int, slots: list[int], set_rows: bool) -> None:
         """Bucket b's step over slots (the rest of its rows on the spare slot): the graph replayed, captured
-        the first time after one eager run (the simulator has no graphs: there it runs eagerly)."""
+        the first time after one eager run (the simulator has no graphs: there it runs eagerly). set_rows:
+        the slot table and positions uploaded (else they are the last step's, advanced on the device)."""
         rows = self.states.rows(b)
-        rows.set_rows(slots, pad=self.pad)
+        if set_rows:
+            rows.set_rows(slots, pad=self.pad)
         pos = list(self.states.host_pos)
         if SIMULATOR or b not in self._graphs and not getattr(rows, "warm", False):
             self._kernels(b)                             # forward counts the active slots itself

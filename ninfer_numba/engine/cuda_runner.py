@@ -155,6 +155,7 @@ class CudaRunner:
         """enqueue()'s launches replayed from the graph kept under key (captured the first time); under the
         simulator, which has no graphs, run eagerly. A captured forward counted the position once, at capture:
         the host count is put back, and the caller counts each replay."""
+        self.model.tokens_owner = self
         if SIMULATOR:
             enqueue()
             return
@@ -177,6 +178,7 @@ class CudaRunner:
         for s in range(0, len(ids), chunk):
             part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
             self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
+            self.model.tokens_owner = self
             self._forward_chunk(len(part), st, len(part) if on_chunk else 1, taps)
             lengths.append(len(part))
             if on_chunk:
@@ -220,6 +222,7 @@ class CudaRunner:
         self._check_room(1)
         self._host_tok[0] = token
         self.model.buf.tokens[:1].copy_to_device(self._host_tok, stream=self.stream)
+        self.model.tokens_owner = self
 
     def _read_token(self, with_record: bool = False) -> int:
         """The picked token (and, with_record, its logprobs record into _last_rec), after a sync."""

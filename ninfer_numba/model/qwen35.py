@@ -84,6 +84,9 @@ class Qwen35Gpu:
         self.c = c = weights.config
         self.engine = engine
         self._rows_step = False            # the forward running is a batched decode step (SlotStates)
+        # who wrote buf.tokens last: the batched decoder feeds its picks back without an upload only while it
+        # is still itself (engine/batched.py); any eager forward or runner graph replay takes it away
+        self.tokens_owner = None
         self.stream = stream
         self.buf = Buffers(c, engine.prefill_chunk, stream)
         self.layer_range = range(weights.layers[0].index, weights.layers[-1].index + 1)
@@ -183,6 +186,7 @@ class Qwen35Gpu:
         matmul consumes (device [rows, K] int8 and [rows, K/32] scales, or [rows, K] float16 in fragment
         order and None on the W8A16 path; points "mixer_in", "mixer_out", "ffn_in", "down_in", then
         i = n_layer, "head"). Eager forwards only (never under graph capture)."""
+        self.tokens_owner = None
         seen = act_tap or (lambda i, point, q, d: None)
         c, b, s = self.c, self.buf, self.stream
         # st a SlotRows: a batched decode step, row r one token of the sequence in slot st.slots[r]

@@ -54,7 +54,9 @@ def test_batched_step_equals_single_steps(tmp_path):
 @pytest.mark.gpu
 def test_batched_decoder_greedy_equals_the_runner(tmp_path):
     """engine/batched.BatchedDecoder: three sequences in slots 2, 0, 3 of four step in bucket 4 (one spare row),
-    then two of them in bucket 2 in another order; every token equals the runner's own greedy decode."""
+    then two of them in bucket 2 in another order: the second of those steps feeds its picks back without an
+    upload, the third follows the runner's own use of the model's buffers (which must be noticed); every token
+    equals the runner's own greedy decode."""
     from ninfer_numba.engine.batched import BatchedDecoder
     llm = _tiny_gpu_llm(tmp_path)
     runner = llm.runner
@@ -64,7 +66,7 @@ def test_batched_decoder_greedy_equals_the_runner(tmp_path):
     for p in prompts:
         runner.reset()
         seq = [int(np.argmax(runner.prefill(p)))]
-        for _ in range(5):
+        for _ in range(6):
             seq.append(runner.decode_greedy(seq[-1]))
         want.append(seq)
     dec = BatchedDecoder(runner.model, 4, llm.max_seq)
@@ -76,11 +78,14 @@ def test_batched_decoder_greedy_equals_the_runner(tmp_path):
     for _ in range(3):
         for g, t in zip(got, dec.step(slot_of, [g[-1] for g in got])):
             g.append(t)
-    for _ in range(2):                                  # sequence 1 retired: slots 3 and 2, bucket 2
+    for k in range(3):                                  # sequence 1 retired: slots 3 and 2, bucket 2
+        if k == 2:                                      # the runner between two steps of the same slots
+            runner.reset()
+            runner.decode_greedy(int(np.argmax(runner.prefill(prompts[1]))))
         for i, t in zip((2, 0), dec.step([3, 2], [got[2][-1], got[0][-1]])):
             got[i].append(t)
     assert got[0] == want[0] and got[2] == want[2] and got[1] == want[1][:4]
-    assert dec.host_pos == [len(prompts[1]) + 3, 0, len(prompts[0]) + 5, len(prompts[2]) + 5]
+    assert dec.host_pos == [len(prompts[1]) + 3, 0, len(prompts[0]) + 6, len(prompts[2]) + 6]
 
 
 @pytest.mark.gpu
