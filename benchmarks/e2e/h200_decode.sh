@@ -44,8 +44,8 @@
 #               the one-row step; then benchmarks.e2e.concurrency through `ninfer serve --batch-slots 16`
 #               beside llama-batched-bench (issue 17), in what is left of 570 s
 #   STAGE=serve_ours: as serve_batched without llama.cpp (its figures: that stage's run on the same file), in
-#               what is left of 250 s: the batched step's and scheduler's GPU tests, concurrency through
-#               `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
+#               what is left of 450 s: the batched step's and scheduler's GPU tests, the engine's batched step,
+#               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -268,14 +268,17 @@ batched_shards)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 serve_ours)
-  left() { echo $(( 250 - SECONDS > 10 ? 250 - SECONDS : 10 )); }
+  left() { echo $(( 450 - SECONDS > 10 ? 450 - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
   genv=$!
-  gpu_tests 90 3 test_serve_gpu "batched step and scheduler" tests/model/test_batched_decode.py
+  gpu_tests 150 3 test_serve_gpu "batched step and scheduler" tests/model/test_batched_decode.py
   wait $genv
+  timeout 70 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf \
+    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
+  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | head -9
   timeout 110 python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
     --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -E "^(ours|\|)" "$OUT/logs/concurrency.log" | tail -16
+  say "concurrency (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
   timeout $(left) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
     > "$OUT/logs/prefix_gate.log" 2>&1
   say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
