@@ -128,7 +128,7 @@ def _cmd_make_model(a: argparse.Namespace) -> int:
     from ninfer_numba.synth import stderr_progress, write_synthetic_gguf
     tied = None if a.tied is None else a.tied == "tied"
     path = write_synthetic_gguf(_output_file(a.out), a.shape, seed=a.seed, vocab=not a.no_vocab, tied=tied,
-                                progress=stderr_progress)
+                                block_scales=a.block_scales, matrix_type=a.matrix_type, progress=stderr_progress)
     print(path)
     return 0
 
@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--tied", choices=["tied", "untied"], default=None,
                    help="output embedding (default: as the published model)")
+    m.add_argument("--block-scales", choices=["varied", "one"], default="varied",
+                   help="Q8_0 block scales: drawn per block (default) or one per matrix")
+    m.add_argument("--matrix-type", choices=["q8_0", "f16", "f32"], default="q8_0",
+                   help="how matrices are stored: Q8_0 (default), or the same values dequantized as floats")
     m.set_defaults(fn=_cmd_make_model)
 
     i = sub.add_parser("info", help="describe a model file")

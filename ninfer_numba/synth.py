@@ -9,6 +9,10 @@ at one tensor (≤ 1.1 GB for the 9B output matrix) whatever the model size.
 Scaling: a projection reading an RMS-normalised input has weight std 1/√K, so its outputs are ~unit;
 projections back into the residual stream are halved; the output matrix has std 3/√n_embd, so logits
 have a standard deviation near 3 at every size (the final RMSNorm fixes the input scale).
+
+Variants for the correctness checks: ``block_scales="one"`` gives every block of a matrix the same scale (as
+a whole-tensor quantizer writes it), where the default draws each block's scale; ``matrix_type="f16"`` or
+``"f32"`` stores the same matrices dequantized (q·d) as floats, the files llama.cpp's float paths read.
 """
 from __future__ import annotations
 
@@ -92,13 +96,25 @@ def tensor_plan(s: Shape, tied: bool) -> Iterator[tuple[str, tuple[int, ...], st
         yield "output.weight", (s.n_vocab, e), "q8", 3.0 / np.sqrt(e)
 
 
-def _make_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float) -> np.ndarray:
+BLOCK_SCALES = ("varied", "one")
+MATRIX_TYPES = {"q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+                "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+                "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32)}
+
+
+def _make_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float,
+                 block_scales: str = "varied", matrix_type: str = "q8_0") -> np.ndarray:
     if kind == "q8":
         rows, k = shape
         q = rng.integers(-127, 128, size=(rows, k), dtype=np.int8)
-        # per-block scales vary by ±50% so that scale handling is exercised, mean std = `scale`
-        d = (scale / UNIFORM_INT8_STD * rng.uniform(0.5, 1.5, size=(rows, k // Q8_BLOCK))).astype(np.float16)
-        return pack_q8_0(q, d)
+        # "varied": per-block scales vary by ±50% so that scale handling is exercised, mean std = `scale`;
+        # "one": a single scale for the whole matrix
+        spread = rng.uniform(0.5, 1.5, size=(rows, k // Q8_BLOCK)) if block_scales == "varied" else 1.0
+        d = np.broadcast_to(scale / UNIFORM_INT8_STD * spread, (rows, k // Q8_BLOCK)).astype(np.float16)
+        if matrix_type == "q8_0":
+            return pack_q8_0(q, d)
+        w = q.reshape(rows, k // Q8_BLOCK, Q8_BLOCK) * d[..., None].astype(np.float32)
+        return w.reshape(rows, k).astype(np.float16 if matrix_type == "f16" else np.float32)
     if kind == "norm":                   # stored with the converter's +1 already applied
         return rng.uniform(0.8, 1.2, size=shape).astype(np.float32)
     if kind == "ssm_a":                  # −exp(A_log) with A uniform on [1, 16], as HF initialises it
@@ -109,7 +125,7 @@ def _make_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, sc
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def _write_metadata(w: gguf.GGUFWriter, s: Shape, vocab: bool, name: str) -> None:
+def _write_metadata(w: gguf.GGUFWriter, s: Shape, vocab: bool, name: str, file_type: int) -> None:
     w.add_name(name)
     w.add_context_length(262144)
     w.add_embedding_length(s.n_embd)
@@ -129,7 +145,7 @@ def _write_metadata(w: gguf.GGUFWriter, s: Shape, vocab: bool, name: str) -> Non
     w.add_ssm_group_count(s.ssm_groups)
     w.add_ssm_time_step_rank(s.ssm_heads)
     w.add_full_attention_interval(FULL_ATTN_INTERVAL)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if vocab:
         from ninfer_numba.formats.qwen_vocab import add_tokenizer_kv, qwen35_vocab_metadata
@@ -140,23 +156,32 @@ def _write_metadata(w: gguf.GGUFWriter, s: Shape, vocab: bool, name: str) -> Non
 
 
 def write_synthetic_gguf(path: str | Path, shape: str = "tiny", *, seed: int = 0, vocab: bool = True,
-                         tied: bool | None = None,
+                         tied: bool | None = None, block_scales: str = "varied", matrix_type: str = "q8_0",
                          progress: Callable[[str], None] | None = None) -> Path:
-    """Write a synthetic qwen35 GGUF; returns its path. ``tied`` defaults to the published model's choice."""
+    """Write a synthetic qwen35 GGUF; returns its path. ``tied`` defaults to the published model's choice;
+    ``block_scales`` and ``matrix_type``: the variants of the module docstring."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if block_scales not in BLOCK_SCALES:
+        raise ValueError(f"unknown block_scales {block_scales!r}; choose one of {', '.join(BLOCK_SCALES)}")
+    if matrix_type not in MATRIX_TYPES:
+        raise ValueError(f"unknown matrix_type {matrix_type!r}; choose one of {', '.join(MATRIX_TYPES)}")
+    tensor_type, file_type = MATRIX_TYPES[matrix_type]
     s = SHAPES[shape]
     tied = s.tied if tied is None else tied
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     plan = list(tensor_plan(s, tied))
     w = gguf.GGUFWriter(str(path), "qwen35")
-    _write_metadata(w, s, vocab, f"synthetic-qwen35-{shape}")
+    _write_metadata(w, s, vocab, f"synthetic-qwen35-{shape}", file_type)
     for name, shp, kind, _ in plan:
-        if kind == "q8":
+        if kind == "q8" and matrix_type == "q8_0":
             nbytes = shp[0] * (shp[1] // Q8_BLOCK) * 34
             w.add_tensor_info(name, (shp[0], nbytes // shp[0]), np.dtype(np.uint8), nbytes,
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                              raw_dtype=tensor_type)
+        elif kind == "q8":
+            dtype = np.dtype(np.float16 if matrix_type == "f16" else np.float32)
+            w.add_tensor_info(name, shp, dtype, int(np.prod(shp)) * dtype.itemsize, raw_dtype=tensor_type)
         else:
             w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)
     w.write_header_to_file()
@@ -167,7 +192,7 @@ def write_synthetic_gguf(path: str | Path, shape: str = "tiny", *, seed: int = 0
     for idx, (name, shp, kind, scale) in enumerate(plan):
         # one generator per tensor, seeded by (seed, index): any tensor can be regenerated alone
         rng = np.random.default_rng([seed, idx])
-        data = _make_tensor(rng, shp, kind, scale)
+        data = _make_tensor(rng, shp, kind, scale, block_scales, matrix_type)
         w.write_tensor_data(data)
         done += data.nbytes
         now = time.perf_counter()
