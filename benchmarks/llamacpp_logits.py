@@ -8,6 +8,13 @@ the whole prompt through llama_decode with every position's logits requested. Ou
 same ids (prefill path). Reported: ‖ours − llama.cpp‖/‖llama.cpp‖ over all positions, the worst row, and
 top-1 agreement. Both engines quantize activations to 8 bits with different blockings and rounding, so on
 a random synthetic model the two differ by about the int8 noise that model amplifies (gpu_vs_reference.py).
+
+    python -m benchmarks.llamacpp_logits --gate --model M.gguf [--backend cpu,cuda]
+
+The gate: each side (``cpu`` = our float reference, ``cuda`` = our GPU engine) against llama.cpp on the
+same file, held to GATE_BOUNDS for the file's matrix type (F32, F16: float weights, where our float
+reference and llama.cpp compute the same float model; Q8_0: both quantize activations to 8 bits, each its
+own way). Exit 1 when a bound fails. tests/bench/test_llamacpp_gate.py runs it on the GPU.
 """
 from __future__ import annotations
 
@@ -71,12 +78,65 @@ def llamacpp_logits(tool: Path, model: str, ids: list[int]) -> np.ndarray:
     return flat.reshape(len(ids), -1)
 
 
+# (max relative error over all positions, min top-1 agreement) of each side against llama.cpp, by the file's
+# matrix type; NOTES "llama.cpp as a gate" has the measurements they come from
+GATE_BOUNDS = {"F32": {"cpu": (1e-2, 0.99), "cuda": (0.15, 0.95)},
+               "F16": {"cpu": (1e-2, 0.99), "cuda": (0.15, 0.95)},
+               "Q8_0": {"cuda": (0.15, 0.95)}}
+
+
+def compare(ours: np.ndarray, theirs: np.ndarray) -> dict:
+    """ours against llama.cpp's [T, V] logits: relative error overall, worst and first row, top-1 agreement."""
+    if theirs.shape != ours.shape:
+        raise RuntimeError(f"llama.cpp returned {theirs.shape}, ours {ours.shape}")
+    rows = np.linalg.norm(ours - theirs, axis=1) / np.linalg.norm(theirs, axis=1)
+    return {"rel_error": float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)),
+            "worst_row_rel_error": float(rows.max()), "first_row_rel_error": float(rows[0]),
+            "top1_agreement": float(np.mean(ours.argmax(1) == theirs.argmax(1)))}
+
+
+def matrix_type(model: str) -> str:
+    """The storage type of the file's projection matrices (blk.0.ffn_up), e.g. Q8_0, F16, F32."""
+    from ninfer_numba.formats.gguf_reader import GGUFFile
+    f = GGUFFile(model)
+    try:
+        return f.tensors["blk.0.ffn_up.weight"].ggml_type.name
+    finally:
+        f.close()
+
+
+def gate(tool: Path, model: str, backends: list[str], tokens: int = 512, seed: int = 0) -> dict:
+    """Each backend's logits against llama.cpp's on ``tokens`` random ids; 'passed' per side from GATE_BOUNDS."""
+    from ninfer_numba import LLM
+    kind = matrix_type(model)
+    bounds = GATE_BOUNDS.get(kind)
+    if bounds is None:
+        raise ValueError(f"{model}: no gate bounds for {kind} matrices (known: {', '.join(GATE_BOUNDS)})")
+    theirs, ids, report = None, None, {"model": model, "matrix_type": kind, "tokens": tokens, "sides": {}}
+    for backend in backends:
+        if backend not in bounds:
+            raise ValueError(f"no gate bound for the {backend} side on {kind} files "
+                             f"(bounded: {', '.join(bounds)})")
+        llm = LLM(model, backend=backend, max_seq=tokens + 8)
+        if ids is None:
+            ids = np.random.default_rng(seed).integers(0, llm.config.n_vocab, tokens).tolist()
+            theirs = llamacpp_logits(tool, model, ids)
+        fig = compare(llm.logits(ids), theirs)
+        max_rel, min_top1 = bounds[backend]
+        fig.update(bound_rel=max_rel, bound_top1=min_top1,
+                   passed=fig["rel_error"] <= max_rel and fig["top1_agreement"] >= min_top1)
+        report["sides"][backend] = fig
+        del llm
+    return report
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--backend", default="cuda", help="cpu | cuda; with --gate a comma list (cpu,cuda)")
+    ap.add_argument("--gate", action="store_true", help="hold each side to GATE_BOUNDS; exit 1 if one fails")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     bench = find_llama_bench(None, DEFAULT_CACHE)
@@ -84,22 +144,20 @@ def main(argv=None) -> int:
         print("llama.cpp is not built here: run python -m benchmarks.llamacpp build first", file=sys.stderr)
         return 2
     tool = build_tool(bench, DEFAULT_CACHE / "src")
-    from ninfer_numba import LLM
-    llm = LLM(a.model, backend=a.backend, max_seq=a.tokens + 8)
-    ids = np.random.default_rng(a.seed).integers(0, llm.config.n_vocab, a.tokens).tolist()
-    ours = llm.logits(ids)
-    theirs = llamacpp_logits(tool, a.model, ids)
-    if theirs.shape != ours.shape:
-        raise RuntimeError(f"llama.cpp returned {theirs.shape}, ours {ours.shape}")
-    rows = np.linalg.norm(ours - theirs, axis=1) / np.linalg.norm(theirs, axis=1)
-    report = {"model": a.model, "tokens": a.tokens, "backend": llm.backend,
-              "rel_error": float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)),
-              "worst_row_rel_error": float(rows.max()), "first_row_rel_error": float(rows[0]),
-              "top1_agreement": float(np.mean(ours.argmax(1) == theirs.argmax(1)))}
+    if a.gate:
+        report = gate(tool, a.model, a.backend.split(","), a.tokens, a.seed)
+        ok = all(side["passed"] for side in report["sides"].values())
+    else:
+        from ninfer_numba import LLM
+        llm = LLM(a.model, backend=a.backend, max_seq=a.tokens + 8)
+        ids = np.random.default_rng(a.seed).integers(0, llm.config.n_vocab, a.tokens).tolist()
+        report = {"model": a.model, "tokens": a.tokens, "backend": llm.backend,
+                  **compare(llm.logits(ids), llamacpp_logits(tool, a.model, ids))}
+        ok = True
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
