@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Correctness checks against other implementations on one H200, one stage per device call:
+#   STAGE=gate: llama.cpp's build (carry .cache/llama.cpp/src) and the files in the background; the tie-following
+#               reference (benchmarks/e2e/gpu_vs_reference.py) on the 0.8b and 9b shapes from both block-scale
+#               generators (varied, one); then llama.cpp as a gate (benchmarks/llamacpp_logits.py --gate): its
+#               GPU test (tiny F32 and F16 files, 0.8b Q8_0 from both generators) and the figures on the 9b
+#               Q8_0 files and the 0.8b F16 / F32 files; JSON under $OUT, logs in $OUT/logs.tgz
+# Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_correctness.sh   (carry wheelhouse/ and .cache/llama.cpp/src)
+source "$(dirname "$0")/h200_setup.sh"
+left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
+blas() { OPENBLAS_NUM_THREADS=$1 OMP_NUM_THREADS=$1 MKL_NUM_THREADS=$1 "${@:2}"; }
+# make-model into models/q35-<shape>-<scales>-<type>.gguf (vocab-less)
+model() {   # shape scales type
+  python3 -m ninfer_numba make-model --shape $1 --no-vocab --block-scales $2 --matrix-type $3 \
+    --out models/q35-$1-$2-$3.gguf > "$OUT/logs/make_$1_$2_$3.log" 2>&1
+}
+# the tie-following reference on one file, in at most $1 seconds with $2 BLAS threads
+follow() {   # seconds threads shape scales
+  local tag=$3_$4
+  blas $2 timeout $1 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-$3-$4-q8_0.gguf --skip-float \
+    --skip-layers --out "$OUT/following_$tag.json" > "$OUT/logs/following_$tag.log" 2>&1
+  say "$3 ($4 block scales) tie-following (exit $?):"; grep "^int8_following" "$OUT/logs/following_$tag.log" | cut -c1-1200
+}
+case "${STAGE:-gate}" in
+gate)
+  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
+  build=$!
+  ( model 0.8b varied q8_0; model 0.8b one q8_0 ) &
+  small=$!
+  ( model 9b varied q8_0; model 9b one q8_0; model 0.8b varied f16; model 0.8b varied f32 ) &
+  large=$!
+  wait $small
+  follow 120 8 0.8b varied
+  follow 120 8 0.8b one
+  wait $large; say "files: $(ls models | tr '\n' ' ')"
+  follow $(( $(left) - 200 )) 8 9b varied &
+  f1=$!
+  follow $(( $(left) - 200 )) 8 9b one &
+  f2=$!
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  gpu_tests 150 2 test_gate "llama.cpp gate" tests/bench/test_llamacpp_gate.py
+  wait $f1 $f2
+  for f in 9b-varied-q8_0:cuda 9b-one-q8_0:cuda 0.8b-varied-f16:cpu,cuda 0.8b-varied-f32:cpu,cuda; do
+    timeout $(left) python3 -m benchmarks.llamacpp_logits --gate --model models/q35-${f%%:*}.gguf \
+      --backend ${f##*:} --out "$OUT/gate_${f%%:*}.json" > "$OUT/logs/gate_${f%%:*}.log" 2>&1
+    say "gate ${f%%:*} (exit $?): $(tail -1 "$OUT/logs/gate_${f%%:*}.log" | cut -c1-900)"
+  done
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+*) echo "unknown STAGE=$STAGE"; exit 2 ;;
+esac
