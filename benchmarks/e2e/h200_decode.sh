@@ -44,7 +44,8 @@
 #               the one-row step; then benchmarks.e2e.concurrency through `ninfer serve --batch-slots 16`
 #               beside llama-batched-bench (issue 17), in what is left of 570 s
 #   STAGE=serve_ours: as serve_batched without llama.cpp (its figures: that stage's run on the same file), in
-#               what is left of 450 s: the batched step's and scheduler's GPU tests, the engine's batched step,
+#               what is left of 480 s: the batched step's, scheduler's and coded caches' GPU tests, bench_attn's
+#               decode rows (f16 and coded caches), the engine's batched step,
 #               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
@@ -268,10 +269,14 @@ batched_shards)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 serve_ours)
-  left() { echo $(( 450 - SECONDS > 10 ? 450 - SECONDS : 10 )); }
+  left() { echo $(( 480 - SECONDS > 10 ? 480 - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
   genv=$!
-  gpu_tests 150 3 test_serve_gpu "batched step and scheduler" tests/model/test_batched_decode.py
+  gpu_tests 150 3 test_serve_gpu "batched step and scheduler" tests/model/test_batched_decode.py \
+    tests/kernels/test_kvq_decode.py
+  timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
+    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   wait $genv
   timeout 70 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf \
     --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1

@@ -43,7 +43,8 @@ def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng):
 @needs_sim_or_gpu
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
 def test_decode_tiny(k_bits, v_bits):
-    """GQA 2 query heads per KV head, 13 cached tokens in 3 splits (one warp of a split without keys)."""
+    """GQA 2 query heads per KV head, 13 cached tokens: of 3 splits one runs (splits are whole steps of the
+    block's warps), three of its four warps without keys."""
     check_decode(H=4, Hkv=2, d=32, L=13, max_seq=20, k_bits=k_bits, v_bits=v_bits, n_splits=3,
                  rng=np.random.default_rng(k_bits * 10 + v_bits))
 
@@ -53,12 +54,22 @@ def test_decode_tiny(k_bits, v_bits):
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
 def test_decode_many_tiles(k_bits, v_bits):
     """3 query heads per KV head (as the 27B's 6), 300 tokens in 2 splits: a warp's softmax runs over
-    several 32-token tiles, the last ones partial; then 100 tokens in 11 splits."""
+    several 32-token tiles, the last ones partial; then 1,400 tokens in 11 splits of 128."""
     check_decode(H=6, Hkv=2, d=32, L=300, max_seq=320, k_bits=k_bits, v_bits=v_bits, n_splits=2,
                  rng=np.random.default_rng(k_bits * 10 + v_bits + 1))
     # 11 splits: the combine's split groups take 3 or 2 splits each (its two-load steps and its tail)
-    check_decode(H=4, Hkv=2, d=32, L=100, max_seq=128, k_bits=k_bits, v_bits=v_bits, n_splits=11,
+    check_decode(H=4, Hkv=2, d=32, L=1400, max_seq=1408, k_bits=k_bits, v_bits=v_bits, n_splits=11,
                  rng=np.random.default_rng(k_bits * 10 + v_bits + 2))
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("d", [64, 256])
+def test_decode_wide_heads(d):
+    """Heads of 64 and 256 dims: the warp-held rotations run butterflies inside a lane (2 and 8 coordinates
+    each) as well as across lanes; 150 tokens in 2 splits."""
+    check_decode(H=4, Hkv=2, d=d, L=150, max_seq=160, k_bits=3, v_bits=3, n_splits=2,
+                 rng=np.random.default_rng(d))
 
 
 @pytest.mark.gpu

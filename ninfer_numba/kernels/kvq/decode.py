@@ -3,8 +3,10 @@ one query token): no cached vector is ever rotated back.
 
 Split-K over the cached tokens, two kernels on one stream:
   partial  grid (n_splits, Hkv), NW warps: one block serves the G query heads of its KV head, so each coded
-           row is read and unpacked once for all of them. The block rotates the G queries by the keys'
-           rotation (signs, Walsh-Hadamard butterflies in shared memory). Each warp takes tiles of 32
+           row is read and unpacked once for all of them. A split is a whole number of STEP = 32·NW keys
+           (split_range_len), so at short depths fewer splits run and no warp idles; the splits past kv_len
+           return at once. The warps rotate the G queries by the keys' rotation (signs, Walsh-Hadamard
+           butterflies in registers and by shuffles: no block barrier). Each warp takes tiles of 32
            consecutive tokens of the split (tiles w, w + NW, ...): the tile's key and value rows, contiguous
            in the cache, are copied into the warp's shared memory with coalesced word loads; then
              scores   lane r owns token r: (q_rot · level[c]) · n / d^1.5 for the G heads, its codes read
@@ -13,7 +15,7 @@ Split-K over the cached tokens, two kernels on one stream:
              values   lane l owns coordinates 8l .. 8l + 7: for each token of the tile, its 8 codes (one
                       24- or 32-bit group of the shared row), weights p · n_v / sqrt(d) from the token's lane.
            The warps' (max, sum, accumulator) are merged in shared memory into the split's partial, which
-           is rotated back there by the values' rotation (linear, so the rotation of each split's partial
+           the warps rotate back by the values' rotation (linear, so the rotation of each split's partial
            sums to the rotation of the merged output) and written with its maximum in the log2 domain.
   combine  flash_attn/split_combine.py's, the f16 cache's: the splits merged, divided by the softmax sum,
            gated. (Rotating back once per head after the merge took a block per head walking every split's
@@ -35,16 +37,37 @@ import numpy as np
 from numba import float32, uint32, uint64
 
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
-from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel
+from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import shfl_idx_f32, syncwarp
+from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32, syncwarp
 from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
 
 NW = 4                      # warps per partial block
 TPB = 32 * NW
+STEP = 32 * NW              # a split's keys are whole multiples of this: every warp has a tile
 NEG_INF = float32(-np.inf)
+
+
+@cuda.jit(device=True, inline=True)
+def warp_fwht(x, V, lane):
+    """Walsh-Hadamard butterflies of one row of d = 32·V floats held by a warp, lane l holding coordinates
+    V·l .. V·l + V - 1 in x[0:V]: strides below V inside the lane, the others by shuffles (no barrier)."""
+    s = 1
+    while s < V:
+        for i in range(V):
+            if i & s == 0:
+                u = x[i]
+                x[i] = u + x[i + s]
+                x[i + s] = u - x[i + s]
+        s *= 2
+    m = 1
+    while m < 32:
+        for i in range(V):
+            other = shfl_xor_f32(x[i], m)
+            x[i] = x[i] + other if lane & m == 0 else other - x[i]
+        m *= 2
 
 
 @cuda.jit(device=True)
@@ -89,6 +112,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     if d % 32 or d > 256 or d & (d - 1) or H % Hkv:
         raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
     G = H // Hkv
+    V = d // 32                  # coordinates of a row per lane in the warp-held rotations
     LANES = d // 8               # lanes holding value coordinates (8 each)
     ACC = 8 * G                  # accumulator words of a lane (array sizes must be plain constants)
     WK = d * k_bits // 32        # words of a coded key row
@@ -144,14 +168,22 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         w = tid >> 5
         lane = tid & 31
         max_seq = k_norms.shape[1]
-        for e in range(tid, G * d, TPB):                  # s_q [G, d]: the block's queries · signs
-            g = e // d
-            smem[e] = float32(q[hk * G + g, e - g * d]) * k_signs[e - g * d]
+        n_kv = kv_len[0]
+        per = split_range_len(n_kv, n_splits, STEP)
+        if split * per >= n_kv:
+            return                                        # past kv_len: the combine reads no such split
+        rot = cuda.local.array(V, float32)                # a row's coordinates V·lane.. in a warp rotation
+        for g in range(w, G, NW):                         # s_q [G, d]: the queries · signs, rotated by warps
+            for k in range(V):
+                i = V * lane + k
+                rot[k] = float32(q[hk * G + g, i]) * k_signs[i]
+            warp_fwht(rot, V, lane)
+            for k in range(V):
+                smem[g * d + V * lane + k] = rot[k]
         if tid < 16:
             smem[OFF_L + tid] = k_levels[tid] if tid < k_levels.shape[0] else f0
             smem[OFF_L + 16 + tid] = v_levels[tid] if tid < v_levels.shape[0] else f0
         cuda.syncthreads()
-        fwht_rows(smem, 0, G, d, tid, TPB)
         dots = cuda.local.array(G, float32)
         m = cuda.local.array(G, float32)
         lsum = cuda.local.array(G, float32)
@@ -163,8 +195,6 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             lsum[g] = f0
         for x in range(ACC):
             acc[x] = f0
-        n_kv = kv_len[0]
-        per = (n_kv + n_splits - 1) // n_splits
         j_end = min(n_kv, (split + 1) * per)
         t_base = OFF_T + w * TILE
         v_base = t_base + 32 * KS
@@ -220,8 +250,6 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 smem[OFF_ML + 2 * (w * G + g)] = m[g]
                 smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
         cuda.syncthreads()
-        if split * per >= n_kv:
-            return                                        # past kv_len: the combine reads no such split
         for e in range(tid, G * d, TPB):                  # merged into warp 0's rows: each (g, i) is this
             g = e // d                                    # thread's alone
             i = e - g * d
@@ -241,13 +269,15 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 part_ml[split, hk * G + g, 0] = mm * float32(LOG2E)
                 part_ml[split, hk * G + g, 1] = ll
         cuda.syncthreads()
-        fwht_rows(smem, OFF_T, G, d, tid, TPB)            # the values' rotation back, per split
-        for e in range(tid, G * d, TPB):
-            g = e // d
-            i = e - g * d
-            part_o[split, hk * G + g, i] = smem[OFF_T + g * d + i] * v_signs[i] * INV_SQRT_D
+        for g in range(w, G, NW):                         # the values' rotation back, per split, by warps
+            for k in range(V):
+                rot[k] = smem[OFF_T + g * d + V * lane + k]
+            warp_fwht(rot, V, lane)
+            for k in range(V):
+                i = V * lane + k
+                part_o[split, hk * G + g, i] = rot[k] * v_signs[i] * INV_SQRT_D
 
-    return partial, split_combine_kernel(d, n_splits, 1, gated)
+    return partial, split_combine_kernel(d, n_splits, STEP, gated)
 
 
 class KvqDecodeWorkspace:
