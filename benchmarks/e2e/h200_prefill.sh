@@ -27,8 +27,9 @@
 #               every GPU test (8 processes); logs under $OUT/logs
 #   STAGE=gdn_e2e: llama.cpp build and the 9b file in the background; whole-model GPU tests and the GDN GPU
 #               tests at 32K; then `make bench` on the 9b file (both engines, BENCH_TESTS); $OUT/logs, $OUT/bench9.tgz
-#   STAGE=gpu_suite: every GPU test in one call: the slow GDN tests at 32K (2 processes, their float64
-#               reference on the CPU) beside the rest in 8 processes; logs under $OUT/logs
+#   STAGE=gpu_suite: bench_attn's decode rows (f16 and coded caches), then every GPU test in one call: the
+#               slow GDN tests at 32K (2 processes, their float64 reference on the CPU) beside the rest in 8
+#               processes; logs under $OUT/logs
 #   STAGE=gdn_stalls: where the GDN tensor-core kernels stall, instruction by instruction: one ncu report per
 #               kernel (9B, 8K; full set with source counters), its SASS page as CSV (stall samples per
 #               instruction) and the 40 most-sampled instructions printed; reports under $OUT/logs
@@ -255,6 +256,10 @@ gdn_e2e)
   tar czf "$OUT/bench9.tgz" -C "$OUT" bench9; tar czf "$OUT/logs.tgz" -C "$OUT" logs
   ;;
 gpu_suite)
+  # first, with the GPU to itself: bench_attn's decode rows (the f16 cache and the coded caches, 9B shape)
+  timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
+    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   # the 32K GDN tests (CPU-bound float64 reference) run beside the rest: 10 processes on 16 cores
   # BLAS threads capped: 10 processes each starting 16 OpenBLAS threads on 16 cores thrashed (session 14: the
   # 32K tests did not finish in 420 s beside the rest; alone they take 132 and 170 s)
