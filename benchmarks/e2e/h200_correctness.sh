@@ -18,7 +18,7 @@ model() {   # shape scales type
 follow() {   # seconds threads shape scales
   local tag=$3_$4
   blas $2 timeout $1 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-$3-$4-q8_0.gguf --skip-float \
-    --skip-layers --out "$OUT/following_$tag.json" > "$OUT/logs/following_$tag.log" 2>&1
+    --skip-emulating --skip-layers --out "$OUT/following_$tag.json" > "$OUT/logs/following_$tag.log" 2>&1
   say "$3 ($4 block scales) tie-following (exit $?):"; grep "^int8_following" "$OUT/logs/following_$tag.log" | cut -c1-1200
 }
 case "${STAGE:-gate}" in
