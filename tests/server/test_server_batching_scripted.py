@@ -150,3 +150,21 @@ def test_stopping_the_worker_reports_where_the_batched_time_went(qwen_tokenizer,
     assert isinstance(events[-1], Finished)
     err = capsys.readouterr().err
     assert "ninfer serve: batched decode: " in err and "1 prefills in" in err and "text and events" in err
+
+
+def test_the_worker_shortens_the_gil_switch_interval(qwen_tokenizer):
+    """The worker must get the GIL back the moment a step ends (server/worker.py SWITCH_INTERVAL_S): it
+    lowers CPython's 5 ms switch interval, and keeps a smaller one set by the embedding program."""
+    import sys
+
+    from ninfer_numba.server.worker import SWITCH_INTERVAL_S, GenerationWorker
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(5e-3)
+        GenerationWorker(ScriptedLLM(qwen_tokenizer), batch_slots=2).stop()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        sys.setswitchinterval(1e-4)
+        GenerationWorker(ScriptedLLM(qwen_tokenizer), batch_slots=1).stop()
+        assert sys.getswitchinterval() == pytest.approx(1e-4)
+    finally:
+        sys.setswitchinterval(before)
