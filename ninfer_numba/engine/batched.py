@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_numba.engine.cache import SlotStates
-from ninfer_numba.engine.cuda_runner import CudaSnapshot
+from ninfer_numba.engine.snapshot import CudaSnapshot
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import programmatic_launches

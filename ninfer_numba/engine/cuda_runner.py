@@ -21,57 +21,18 @@ from typing import Iterator
 import numpy as np
 
 from ninfer_numba.config import EngineConfig
-from ninfer_numba.kernels import position
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
 from ninfer_numba.kernels.sample.device import N_PARAMS, SampleWorkspace, argmax, pack_sample_params, sample, update_counts
 from ninfer_numba.kernels.sample.logprobs import REC_LEN, LogprobWorkspace, record_to_host, token_logprobs
 from ninfer_numba.model.gpu_weights import GpuWeights
 from ninfer_numba.engine.cache import SequenceState
+from ninfer_numba.engine.snapshot import CudaSnapshot
 from ninfer_numba.model.qwen35 import Qwen35Gpu
 from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.pdl import programmatic_launches
 
 PREFILL_GRAPHS = 8                 # prefill chunk lengths kept as captured graphs
-
-
-class CudaSnapshot:
-    """The state after ``pos`` tokens, in device memory: each attention layer's KV rows < pos ([Hkv, pos, d]
-    float16) and every GDN layer's conv and recurrent state (engine/prefix_cache.py)."""
-
-    def __init__(self, st: SequenceState, stream) -> None:
-        self.pos = p = st.host_pos
-        self.k = {i: _rows_copy(a, p, stream) for i, a in st.k_cache.items()}
-        self.v = {i: _rows_copy(a, p, stream) for i, a in st.v_cache.items()}
-        self.conv = {i: _full_copy(a, stream) for i, a in st.conv.items()}
-        self.ssm = {i: _full_copy(a, stream) for i, a in st.ssm.items()}
-        self.nbytes = sum(a.nbytes for d in (self.k, self.v, self.conv, self.ssm) for a in d.values())
-
-    def restore_into(self, st: SequenceState, stream) -> None:
-        for cache, rows in ((st.k_cache, self.k), (st.v_cache, self.v)):
-            for i, r in rows.items():
-                for h in range(r.shape[0]):
-                    cache[i][h, :self.pos].copy_to_device(r[h], stream=stream)
-        for states, saved in ((st.conv, self.conv), (st.ssm, self.ssm)):
-            for i, a in saved.items():
-                states[i].copy_to_device(a, stream=stream)
-        position.set_position(st.pos, self.pos, stream=stream)
-        st.host_pos = self.pos
-
-
-def _rows_copy(cache, p: int, stream):
-    """cache [Hkv, max_seq, d] -> a new device array [Hkv, p, d] of its rows < p (each head's rows are
-    contiguous, so one device-to-device copy per head)."""
-    out = cuda.device_array((cache.shape[0], p, cache.shape[2]), cache.dtype, stream=stream)
-    for h in range(cache.shape[0]):
-        out[h].copy_to_device(cache[h, :p], stream=stream)
-    return out
-
-
-def _full_copy(a, stream):
-    out = cuda.device_array(a.shape, a.dtype, stream=stream)
-    out.copy_to_device(a, stream=stream)
-    return out
 
 
 class CudaRunner:

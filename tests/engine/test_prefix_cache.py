@@ -124,10 +124,10 @@ def test_gpu_snapshots_restore_the_state(tmp_path):
 
 @pytest.mark.cudasim
 def test_cuda_snapshot_copies_rows_below_the_position_and_the_states(tmp_path):
-    """CudaSnapshot (engine/cuda_runner.py) on a SequenceState of the GPU model tests' shapes: KV rows < pos
+    """CudaSnapshot (engine/snapshot.py) on a SequenceState of the GPU model tests' shapes: KV rows < pos
     and every GDN state are copied out, later changes do not reach the copy, and restoring brings them back
     with the position (device and host)."""
-    from ninfer_numba.engine.cuda_runner import CudaSnapshot
+    from ninfer_numba.engine.snapshot import CudaSnapshot
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
     from ninfer_numba.engine.cache import SequenceState
     from ninfer_numba.model.weights import open_model
@@ -159,4 +159,36 @@ def test_cuda_snapshot_copies_rows_below_the_position_and_the_states(tmp_path):
             assert (got[:, 5:] == 0).all()                 # rows past the position are not part of it
         else:
             np.testing.assert_array_equal(got, want)
-    assert snap.nbytes == sum(a.nbytes for d in (snap.k, snap.v, snap.conv, snap.ssm) for a in d.values())
+    rows = sum(a[:, :5].nbytes for name in ("k_cache", "v_cache") for a in getattr(st, name).values())
+    assert snap.nbytes == rows + sum(a.nbytes for name in ("conv", "ssm") for a in getattr(st, name).values())
+    other = SequenceState(c, 12, stream, layers=range(2))             # another layout: refused
+    with pytest.raises(ValueError, match="another model's state layout"):
+        snap.restore_into(other, stream)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_type", ["f16", "k3v3"])
+def test_gpu_restored_state_equals_the_same_prefill_run_fresh(tmp_path, kv_type):
+    """A restored snapshot is the state itself: after another sequence, the prompt restored at its system
+    prefix and prefilled on gives logits bit-equal to a fresh run of the same chunks (engine/snapshot.py). With
+    a coded cache the snapshot must carry the codes and norms (the f16 rows are a scratch every layer shares)."""
+    from ninfer_numba.kernels.numba_env import SIMULATOR, gpu_available
+    if SIMULATOR or not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    from tests.gguf_factory import QT, tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    path = write_gguf(tmp_path / "tiny-gpu.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                      matrix_type=QT.Q8_0)
+    system = np.random.default_rng(1).integers(0, SPEC.n_vocab, 40).tolist()
+    kw = dict(backend="cuda", max_seq=96, prefill_chunk=32, kv_type=kv_type)
+    llm = LLM(path, snapshot_every=16, **kw)
+    llm.generate(system, GREEDY)                       # snapshots at 16, 32 and 40
+    llm.generate([7, 7, 7] * 12, GREEDY)               # another sequence overwrites the state
+    prompt = system + [30, 31]
+    rest = llm._resume_from_snapshots(prompt, llm._continue_or_reset(prompt))
+    assert llm.last_cached_tokens == len(system) and rest == prompt[-2:]
+    reused = llm.runner.prefill(rest)
+    fresh = LLM(path, prefix_cache_mb=0, **kw)
+    for a, b in ((0, 16), (16, 32), (32, 40), (40, 42)):   # the chunks the first run's snapshots cut
+        logits = fresh.runner.prefill(prompt[a:b])
+    np.testing.assert_array_equal(reused, logits)
