@@ -79,10 +79,16 @@ def llamacpp_logits(tool: Path, model: str, ids: list[int]) -> np.ndarray:
 
 
 # (max relative error over all positions, min top-1 agreement) of each side against llama.cpp, by the file's
-# matrix type; NOTES "llama.cpp as a gate" has the measurements they come from
-GATE_BOUNDS = {"F32": {"cpu": (1e-2, 0.99), "cuda": (0.15, 0.95)},
-               "F16": {"cpu": (1e-2, 0.99), "cuda": (0.15, 0.95)},
-               "Q8_0": {"cuda": (0.15, 0.95)}}
+# matrix type: the worst of the first H200 measurement (2026-12-03, results/2026-12-03_nvidia-h200_session16/
+# call2_gate, 0.8B and 9B shapes, 256 and 512 random tokens) with a third or more of room. cpu: our float
+# reference, 0.57 % / 97.9 % on F32 (the same float model); 2.8 % / 93.8 % on F16, where llama.cpp's CUDA
+# matmuls round the activations to f16. cuda: our int8 engine, 7.6-8.2 % / 82 % on float files, 12.6-16.1 %
+# / 66-74 % on Q8_0 (llama.cpp quantizes activations too, its own way): the scale at which two int8
+# implementations part on these random models, where our own int8-emulating reference sits 12-16 % from the
+# float one (gpu_vs_reference, 2026-12-01). A broken kernel lands near 100 % and chance top-1.
+GATE_BOUNDS = {"F32": {"cpu": (0.01, 0.95), "cuda": (0.15, 0.70)},
+               "F16": {"cpu": (0.05, 0.90), "cuda": (0.15, 0.70)},
+               "Q8_0": {"cuda": (0.22, 0.55)}}
 
 
 def compare(ours: np.ndarray, theirs: np.ndarray) -> dict:
