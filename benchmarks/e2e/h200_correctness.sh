@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Correctness checks against other implementations on one H200, one stage per device call:
-#   STAGE=gate: llama.cpp's build (carry .cache/llama.cpp/src) and the files in the background; the tie-following
-#               reference (benchmarks/e2e/gpu_vs_reference.py) on the 0.8b and 9b shapes from both block-scale
-#               generators (varied, one); then llama.cpp as a gate (benchmarks/llamacpp_logits.py --gate): its
-#               GPU test (tiny F32 and F16 files, 0.8b Q8_0 from both generators) and the figures on the 9b
-#               Q8_0 files and the 0.8b F16 / F32 files; JSON under $OUT, logs in $OUT/logs.tgz
+#   STAGE=follow: the SHAPES (default "0.8b 9b": two calls may be needed) files from both block-scale generators (varied, one), then the tie-following
+#               reference (benchmarks/e2e/gpu_vs_reference.py, tie-following part only) on each, one at a time
+#               with the machine to itself (beside llama.cpp's build they did not finish: session 16)
+#   STAGE=gate: llama.cpp's build (carry .cache/llama.cpp/src) and the files in the background; llama.cpp as a
+#               gate (benchmarks/llamacpp_logits.py --gate): its GPU test (tiny F32 and F16 files, 0.8b Q8_0
+#               from both generators) and the figures on the 9b Q8_0 files and the 0.8b F16 / F32 files
+# JSON under $OUT, logs in $OUT/logs.tgz
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_correctness.sh   (carry wheelhouse/ and .cache/llama.cpp/src)
 source "$(dirname "$0")/h200_setup.sh"
 left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
@@ -22,24 +24,22 @@ follow() {   # seconds threads shape scales
   say "$3 ($4 block scales) tie-following (exit $?):"; grep "^int8_following" "$OUT/logs/following_$tag.log" | cut -c1-1200
 }
 case "${STAGE:-gate}" in
+follow)
+  for shape in ${SHAPES:-0.8b 9b}; do for scales in varied one; do model $shape $scales q8_0; done; done
+  say "files: $(ls models | tr '\n' ' ')"
+  for shape in ${SHAPES:-0.8b 9b}; do for scales in varied one; do
+    follow $(( $(left) < 300 ? $(left) : 300 )) 16 $shape $scales
+  done; done
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
 gate)
   python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
   build=$!
-  ( model 0.8b varied q8_0; model 0.8b one q8_0 ) &
-  small=$!
   ( model 9b varied q8_0; model 9b one q8_0; model 0.8b varied f16; model 0.8b varied f32 ) &
-  large=$!
-  wait $small
-  follow 120 8 0.8b varied
-  follow 120 8 0.8b one
-  wait $large; say "files: $(ls models | tr '\n' ' ')"
-  follow $(( $(left) - 200 )) 8 9b varied &
-  f1=$!
-  follow $(( $(left) - 200 )) 8 9b one &
-  f2=$!
+  files=$!
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   gpu_tests 150 2 test_gate "llama.cpp gate" tests/bench/test_llamacpp_gate.py
-  wait $f1 $f2
+  wait $files
   for f in 9b-varied-q8_0:cuda 9b-one-q8_0:cuda 0.8b-varied-f16:cpu,cuda 0.8b-varied-f32:cpu,cuda; do
     timeout $(left) python3 -m benchmarks.llamacpp_logits --gate --model models/q35-${f%%:*}.gguf \
       --backend ${f##*:} --out "$OUT/gate_${f%%:*}.json" > "$OUT/logs/gate_${f%%:*}.log" 2>&1
