@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Correctness checks against other implementations on one H200, one stage per device call:
-#   STAGE=follow: the SHAPES (default "0.8b 9b": two calls may be needed) files from both block-scale generators (varied, one), then the tie-following
-#               reference (benchmarks/e2e/gpu_vs_reference.py, tie-following part only) on each, one at a time
-#               with the machine to itself (beside llama.cpp's build they did not finish: session 16)
+#   STAGE=follow: for each of SHAPES (default "0.8b 9b"; the 9b pair may need a call of its own) the files from
+#               both block-scale generators (varied, one), then the tie-following reference
+#               (benchmarks/e2e/gpu_vs_reference.py, tie-following part only) on each, one at a time with the
+#               machine to itself (beside llama.cpp's build they did not finish: session 16)
 #   STAGE=gate: llama.cpp's build (carry .cache/llama.cpp/src) and the files in the background; llama.cpp as a
 #               gate (benchmarks/llamacpp_logits.py --gate): its GPU test (tiny F32 and F16 files, 0.8b Q8_0
 #               from both generators) and the figures on the 9b Q8_0 files and the 0.8b F16 / F32 files
