@@ -291,23 +291,26 @@ class KvqDecodeWorkspace:
 
 
 def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables: KvqTables,
-                         v_tables: KvqTables, out, ws: KvqDecodeWorkspace, stream=0, proj=None) -> None:
+                         v_tables: KvqTables, out, ws: KvqDecodeWorkspace, stream=0, proj=None,
+                         kernels: tuple[str, ...] = ("partial", "combine")) -> None:
     """out [H, d] = attention of this token's q [H, d] over the first kv_len[0] cached tokens (module
     docstring for the layouts); k_tables / v_tables: the roles' rotation signs and codebooks. With proj
     ([1, P], the layer's fused projection row) the output gate is applied and out is [H·d], as
-    flash_attn.decode.attention_decode writes it."""
+    flash_attn.decode.attention_decode writes it. ``kernels``: which of the two to launch (the benchmark
+    times each alone; the model launches both)."""
     H, d = q.shape
     Hkv = k_codes.shape[0]
     gated = proj is not None
     partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
     nbytes = 4 * partial_smem_words(H // Hkv, d, k_tables.bits, v_tables.bits)[-1]
-    partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
-        q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
-        v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml)
-    # the f16 cache's combine, for a batch of one row
-    combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
-                                                      ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
-                                                      proj if gated else ws.no_gate, out.reshape(1, out.size))
+    if "partial" in kernels:
+        partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
+            q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
+            v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml)
+    if "combine" in kernels:                  # the f16 cache's combine, for a batch of one row
+        combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
+                                                          ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
+                                                          proj if gated else ws.no_gate, out.reshape(1, out.size))
 
 
 def _words(codes):
