@@ -32,12 +32,7 @@ import time
 
 import numpy as np
 
-
-def _compare(gpu: np.ndarray, ref: np.ndarray) -> dict:
-    rel = float(np.linalg.norm(gpu - ref) / np.linalg.norm(ref))
-    top = float(np.mean(gpu.argmax(-1) == ref.argmax(-1)))
-    worst = float(np.max(np.linalg.norm(gpu - ref, axis=-1) / np.linalg.norm(ref, axis=-1)))
-    return {"rel_error": rel, "top1_agreement": top, "worst_row_rel_error": worst}
+from benchmarks.llamacpp_logits import compare       # relative error, worst and first row, top-1 agreement
 
 
 def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int]) -> dict:
@@ -48,8 +43,8 @@ def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int]) -> dict
     ref_logits, follower = follow_in_pieces(llm.weights, acts, ids + toks, pieces)
     p = len(ids)
     ref_greedy = ref_logits[p - 1:p + n_gen - 1].argmax(-1).tolist()
-    return {"all": _compare(gpu, ref_logits), "prefill": _compare(gpu[:p], ref_logits[:p]),
-            "decode": _compare(gpu[p:], ref_logits[p:]), "follower": follower.report(),
+    return {"all": compare(gpu, ref_logits), "prefill": compare(gpu[:p], ref_logits[:p]),
+            "decode": compare(gpu[p:], ref_logits[p:]), "follower": follower.report(),
             "points": follower.stats,
             "greedy_tokens_identical": ref_greedy == toks == graph_tokens,
             "tapped_tokens_equal_graph_path": toks == graph_tokens,
@@ -105,9 +100,9 @@ def main(argv=None) -> int:
         r_prompt, r_dec = ref_logits[: a.prompt_len], ref_logits[a.prompt_len:]
         ref_greedy = [int(np.argmax(ref_logits[a.prompt_len - 1]))] + r_dec.argmax(-1).tolist()
         report[mode] = {
-            "prefill": _compare(prompt_logits, r_prompt),
-            "decode": _compare(gpu_dec, r_dec) if len(r_dec) else None,
-            "all": _compare(gpu_all, ref_logits),
+            "prefill": compare(prompt_logits, r_prompt),
+            "decode": compare(gpu_dec, r_dec) if len(r_dec) else None,
+            "all": compare(gpu_all, ref_logits),
             "greedy_tokens_identical": ref_greedy == toks,
             "greedy_first_mismatch": next((i for i, (x, y) in enumerate(zip(ref_greedy, toks)) if x != y), None),
             "seconds": time.perf_counter() - t1,
@@ -115,7 +110,7 @@ def main(argv=None) -> int:
         log(f"{mode}: {json.dumps(report[mode])}")
     if "float" in refs and "int8_emulating" in refs:
         # same-precision oracle: the int8-emulating reference's own distance to the float reference
-        report["int8_reference_vs_float"] = _compare(refs["int8_emulating"], refs["float"])
+        report["int8_reference_vs_float"] = compare(refs["int8_emulating"], refs["float"])
     if not a.skip_following:
         report["int8_following"] = _following(llm, ids, a.gen, toks)
         log("int8_following: " + json.dumps({k: v for k, v in report["int8_following"].items() if k != "points"}))
