@@ -97,9 +97,10 @@ def tensor_plan(s: Shape, tied: bool) -> Iterator[tuple[str, tuple[int, ...], st
 
 
 BLOCK_SCALES = ("varied", "one")
-MATRIX_TYPES = {"q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
-                "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
-                "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32)}
+# matrix type -> (GGML tensor type, file type, NumPy dtype of a float matrix; None: Q8_0 blocks)
+MATRIX_TYPES = {"q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0, None),
+                "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16, np.dtype(np.float16)),
+                "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32, np.dtype(np.float32))}
 
 
 def _make_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float,
@@ -111,10 +112,11 @@ def _make_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, sc
         # "one": a single scale for the whole matrix
         spread = rng.uniform(0.5, 1.5, size=(rows, k // Q8_BLOCK)) if block_scales == "varied" else 1.0
         d = np.broadcast_to(scale / UNIFORM_INT8_STD * spread, (rows, k // Q8_BLOCK)).astype(np.float16)
-        if matrix_type == "q8_0":
+        float_dtype = MATRIX_TYPES[matrix_type][2]
+        if float_dtype is None:
             return pack_q8_0(q, d)
         w = q.reshape(rows, k // Q8_BLOCK, Q8_BLOCK) * d[..., None].astype(np.float32)
-        return w.reshape(rows, k).astype(np.float16 if matrix_type == "f16" else np.float32)
+        return w.reshape(rows, k).astype(float_dtype)
     if kind == "norm":                   # stored with the converter's +1 already applied
         return rng.uniform(0.8, 1.2, size=shape).astype(np.float32)
     if kind == "ssm_a":                  # −exp(A_log) with A uniform on [1, 16], as HF initialises it
@@ -166,7 +168,7 @@ def write_synthetic_gguf(path: str | Path, shape: str = "tiny", *, seed: int = 0
         raise ValueError(f"unknown block_scales {block_scales!r}; choose one of {', '.join(BLOCK_SCALES)}")
     if matrix_type not in MATRIX_TYPES:
         raise ValueError(f"unknown matrix_type {matrix_type!r}; choose one of {', '.join(MATRIX_TYPES)}")
-    tensor_type, file_type = MATRIX_TYPES[matrix_type]
+    tensor_type, file_type, float_dtype = MATRIX_TYPES[matrix_type]
     s = SHAPES[shape]
     tied = s.tied if tied is None else tied
     path = Path(path)
@@ -175,13 +177,13 @@ def write_synthetic_gguf(path: str | Path, shape: str = "tiny", *, seed: int = 0
     w = gguf.GGUFWriter(str(path), "qwen35")
     _write_metadata(w, s, vocab, f"synthetic-qwen35-{shape}", file_type)
     for name, shp, kind, _ in plan:
-        if kind == "q8" and matrix_type == "q8_0":
+        if kind == "q8" and float_dtype is None:
             nbytes = shp[0] * (shp[1] // Q8_BLOCK) * 34
             w.add_tensor_info(name, (shp[0], nbytes // shp[0]), np.dtype(np.uint8), nbytes,
                               raw_dtype=tensor_type)
         elif kind == "q8":
-            dtype = np.dtype(np.float16 if matrix_type == "f16" else np.float32)
-            w.add_tensor_info(name, shp, dtype, int(np.prod(shp)) * dtype.itemsize, raw_dtype=tensor_type)
+            w.add_tensor_info(name, shp, float_dtype, int(np.prod(shp)) * float_dtype.itemsize,
+                              raw_dtype=tensor_type)
         else:
             w.add_tensor_info(name, shp, np.dtype(np.float32), int(np.prod(shp)) * 4)
     w.write_header_to_file()
