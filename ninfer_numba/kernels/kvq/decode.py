@@ -70,30 +70,6 @@ def warp_fwht(x, V, lane):
         m *= 2
 
 
-@cuda.jit(device=True)
-def fwht_rows(s_x, off, rows, d, tid, nthreads):
-    """In-place Walsh-Hadamard butterflies of each of ``rows`` rows of d floats at s_x[off:] (d a power of
-    two), by a block of nthreads (barriers included). Index arithmetic by shifts on uint32: a division by the
-    round's stride was two 64-bit divisions per butterfly."""
-    lg_half = uint32(0)                                   # log2(d / 2)
-    while (uint32(2) << lg_half) < uint32(d):
-        lg_half += uint32(1)
-    lg = uint32(0)
-    while (uint32(1) << lg) < uint32(d):
-        half = uint32(1) << lg
-        for e in range(tid, rows * (d // 2), nthreads):
-            p = uint32(e)
-            r = p >> lg_half
-            p -= r << lg_half
-            a = uint32(off) + r * uint32(d) + ((p >> lg) << (lg + uint32(1))) + (p & (half - uint32(1)))
-            u = s_x[a]
-            v = s_x[a + half]
-            s_x[a] = u + v
-            s_x[a + half] = u - v
-        cuda.syncthreads()
-        lg += uint32(1)
-
-
 def partial_smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
     """(offsets of the rotated queries, codebooks, warp maxima and sums, tiles; total words) of the partial
     kernel's dynamic shared memory. A warp's tile: 32 key rows at odd stride WK + 1, 32 value rows at WV and

@@ -20,10 +20,33 @@ from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.kvq.decode import fwht_rows
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 ROW_BLOCKS = 64 if SIMULATOR else 2048          # blocks along the rows (each strides over the rest)
+
+
+@cuda.jit(device=True)
+def fwht_rows(s_x, off, rows, d, tid, nthreads):
+    """In-place Walsh-Hadamard butterflies of each of ``rows`` rows of d floats at s_x[off:] (d a power of
+    two), by a block of nthreads (barriers included). Index arithmetic by shifts on uint32: a division by the
+    round's stride was two 64-bit divisions per butterfly."""
+    lg_half = uint32(0)                                   # log2(d / 2)
+    while (uint32(2) << lg_half) < uint32(d):
+        lg_half += uint32(1)
+    lg = uint32(0)
+    while (uint32(1) << lg) < uint32(d):
+        half = uint32(1) << lg
+        for e in range(tid, rows * (d // 2), nthreads):
+            p = uint32(e)
+            r = p >> lg_half
+            p -= r << lg_half
+            a = uint32(off) + r * uint32(d) + ((p >> lg) << (lg + uint32(1))) + (p & (half - uint32(1)))
+            u = s_x[a]
+            v = s_x[a + half]
+            s_x[a] = u + v
+            s_x[a + half] = u - v
+        cuda.syncthreads()
+        lg += uint32(1)
 
 
 @lru_cache(maxsize=None)
