@@ -8,8 +8,12 @@ graph serves any set of active slots. The rows past n step a spare slot (``pad``
 which no sequence owns, and its position is put back every step, so it never runs out of room. Every matmul
 row and every per-row kernel is independent of the others, so what the spare rows compute reaches nobody.
 
-A sequence enters with ``reset(s)`` (or ``restore(s, snapshot)``) and ``prefill(s, ids)``: the model's
-ordinary chunked prefill on the slot's SequenceState view (eager). ``step(slots, tokens)`` feeds each active
+A sequence enters with ``reset(s)`` (or ``restore(s, snapshot)``) and ``prefill(s, ids)``. Given the CUDA
+runner, a prefill runs on a staging state through the runner's chunks and captured prefill graphs
+(cuda_runner.chunk_lengths: a short prompt in power-of-two pieces, lengths that recur), between two copies
+of the slot's rows and GDN states (engine/snapshot.copy_state, ~70 driver copies): a 128-token prompt run
+eagerly is ~400 numba launches, ~50 ms on the 9B. Without it, the model's chunked prefill on the slot's view,
+eagerly. ``step(slots, tokens)`` feeds each active
 sequence its input token and returns each one's next. Sampling other than greedy, logprobs and grammars are
 the single-sequence runner's (engine/cuda_runner.py); this is the slot decoder of the scheduler of many clients
 (engine/scheduler.py). Snapshots are the runner's CudaSnapshot (f16 KV rows and GDN states), so the prefix
@@ -20,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer_numba.engine.cache import SlotStates
-from ninfer_numba.engine.snapshot import CudaSnapshot
+from ninfer_numba.engine.snapshot import CudaSnapshot, copy_state
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import programmatic_launches
@@ -34,12 +38,14 @@ class BatchedDecoder:
     """n_slots sequences of at most max_seq tokens on the model of a CUDA runner (model/qwen35.Qwen35Gpu, f16
     KV cache); the model's buffers are shared with that runner, which must not run meanwhile."""
 
-    def __init__(self, model, n_slots: int, max_seq: int, *, pdl: bool = True) -> None:
+    def __init__(self, model, n_slots: int, max_seq: int, *, pdl: bool = True, runner=None) -> None:
         t_max = model.buf.t_max
         if not 1 <= n_slots <= min(MAX_ROWS, t_max):
             raise ValueError(f"a batched decoder holds 1 to {min(MAX_ROWS, t_max)} sequences, not {n_slots}")
         self.model, self.stream, self.max_seq, self.pdl = model, model.stream, max_seq, pdl
         self.n_slots = n_slots
+        self.runner = runner                                        # its prefill graphs serve the staging
+        self._staging = model.new_state(max_seq) if runner is not None else None
         self.buckets = sorted({b for b in BUCKETS if b < n_slots} | {n_slots})
         self.states = model.new_slots(n_slots + 1, max_seq)        # slot n_slots: the spare rows step
         self.pad = n_slots
@@ -105,11 +111,17 @@ class BatchedDecoder:
         self._forget_rows()
         m.tokens_owner = None                   # buf.tokens now holds this prompt's chunks
         view = self.states.view(s)
-        arr = np.asarray(ids, np.int32)
-        for i in range(0, len(arr), m.buf.t_max):
-            part = np.ascontiguousarray(arr[i:i + m.buf.t_max])
-            m.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
-            m.forward(len(part), view)
+        if self.runner is not None:
+            st = self._staging
+            copy_state(st, view, view.host_pos, self.stream)     # what the slot holds: a restored prefix, or none
+            self.runner.run_on(ids, st)
+            copy_state(view, st, st.host_pos, self.stream)
+        else:
+            arr = np.asarray(ids, np.int32)
+            for i in range(0, len(arr), m.buf.t_max):
+                part = np.ascontiguousarray(arr[i:i + m.buf.t_max])
+                m.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
+                m.forward(len(part), view)
         self.states.adopt(s, view)
         argmax(m.logits[0], self._pick, self._ws[0], stream=self.stream)
         self._pick.copy_to_host(self._host_out[:1], stream=self.stream)

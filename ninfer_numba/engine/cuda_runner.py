@@ -9,7 +9,8 @@ Prefill chunks (``prefill_graphs``, on by default): a chunk length runs eagerly 
 (its kernels compile then), is captured as a CUDA graph the second time and replayed from then on
 (PREFILL_GRAPHS lengths are kept, the least recently used dropped). At a 512-token prompt the ~500 Python
 launches of one forward take longer than the GPU's work; replayed, the GPU sets the pace. Long prompts go
-in chunks of prefill_chunk tokens, so every full chunk after the second is a replay. A capture that fails
+in chunks of prefill_chunk tokens, so every full chunk after the second is a replay; a rest of at most
+SPLIT_MAX tokens goes in power-of-two pieces (chunk_lengths), lengths that recur from prompt to prompt. A capture that fails
 (the driver refuses an operation inside it) leaves that length eager, with a notice on stderr.
 """
 from __future__ import annotations
@@ -32,7 +33,28 @@ from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.pdl import programmatic_launches
 
-PREFILL_GRAPHS = 8                 # prefill chunk lengths kept as captured graphs
+PREFILL_GRAPHS = 48                # prefill chunk lengths (per state) kept as captured graphs
+SPLIT_MAX = 256                    # a prompt's rest up to this many tokens goes in recurring pieces
+SPLIT_MIN = 16                     # the smallest power-of-two piece; below it, one piece of what is left
+
+
+def chunk_lengths(n: int, chunk: int, split: bool = True) -> list[int]:
+    """The forwards an n-token prefill runs: whole chunks, then the rest. With split, a rest of at most
+    SPLIT_MAX tokens goes in power-of-two pieces down to SPLIT_MIN and one piece below it, lengths that recur
+    from prompt to prompt and so replay from captured graphs: a short forward run eagerly is bound by its
+    ~400 numba launches (~50 ms on the 9B for 128 tokens, H200), a replay by the GPU (a weight read, ~2 ms, per
+    piece). A longer rest runs as one forward, its GPU work hiding the launches."""
+    out = [chunk] * (n // chunk)
+    rest = n - chunk * len(out)
+    if not split or rest > SPLIT_MAX:
+        return out + ([rest] if rest else [])
+    piece = 1 << (SPLIT_MAX.bit_length() - 1)
+    while rest >= SPLIT_MIN:
+        while piece > rest:
+            piece >>= 1
+        out.append(piece)
+        rest -= piece
+    return out + ([rest] if rest else [])
 
 
 class CudaRunner:
@@ -135,15 +157,16 @@ class CudaRunner:
         reference; on_chunk(n): called after each chunk with its logits in logits[:n] (all its rows).
         Returns the chunk lengths."""
         chunk = min(self.model.buf.t_max, self.model.logits.shape[0]) if on_chunk else self.model.buf.t_max
-        lengths = []
-        for s in range(0, len(ids), chunk):
-            part = np.ascontiguousarray(ids[s:s + chunk], dtype=np.int32)
-            self.model.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
+        lengths = chunk_lengths(len(ids), chunk, split=self.engine.prefill_graphs)   # taps or not: the same sums
+        s = 0
+        for n in lengths:
+            part = np.ascontiguousarray(ids[s:s + n], dtype=np.int32)
+            s += n
+            self.model.buf.tokens[:n].copy_to_device(part, stream=self.stream)
             self.model.tokens_owner = self
-            self._forward_chunk(len(part), st, len(part) if on_chunk else 1, taps)
-            lengths.append(len(part))
+            self._forward_chunk(n, st, n if on_chunk else 1, taps)
             if on_chunk:
-                on_chunk(len(part))
+                on_chunk(n)
         return lengths
 
     def _forward_chunk(self, t: int, st: SequenceState, logits_rows: int, taps: dict) -> None:
@@ -222,6 +245,13 @@ class CudaRunner:
     def position(self) -> int:
         """Tokens the state holds once the enqueued work is done (run_ahead's step in flight included)."""
         return self.state.host_pos
+
+    def run_on(self, ids: list[int], st: SequenceState) -> None:
+        """ids run after what st holds, in the chunks and pieces of chunk_lengths, replayed from graphs kept
+        for st (the batched decoder's staging state); the last row's logits in model.logits[0]."""
+        if st.host_pos + len(ids) > st.max_seq:
+            raise ValueError(f"context overflow: {st.host_pos} + {len(ids)} tokens > max_seq {st.max_seq}")
+        self._run_tokens(np.asarray(ids, np.int32), st)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self._check_room(len(ids))

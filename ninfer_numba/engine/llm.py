@@ -123,7 +123,8 @@ class LLM:
         if refusal:
             raise ValueError(f"{refusal}: use one slot (--batch-slots 1)")
         from ninfer_numba.engine.batched import BatchedDecoder
-        return Scheduler(BatchedDecoder(self.runner.model, n_slots, self.max_seq, pdl=e.pdl), self.prefix_cache)
+        return Scheduler(BatchedDecoder(self.runner.model, n_slots, self.max_seq, pdl=e.pdl, runner=self.runner),
+                         self.prefix_cache)
 
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ninfer_numba.config import EngineConfig
+from ninfer_numba.engine.cuda_runner import chunk_lengths
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.engine.shard_plan import Shard, layer_costs, plan_shards
 from ninfer_numba.kernels.numba_env import SIMULATOR, check_numba_cuda, cuda
@@ -229,11 +230,13 @@ class ShardedCudaRunner:
         chunk = self.workers[0].model.buf.t_max
         if on_chunk is not None:
             chunk = min(chunk, self._last.model.logits.shape[0])
-        for s in range(0, len(arr), chunk):
-            part = arr[s:s + chunk]
-            self._forward(part, len(part) if on_chunk else 1)
+        s = 0
+        for n in chunk_lengths(len(arr), chunk, split=self.engine.prefill_graphs):  # the plain runner's chunks
+            part = arr[s:s + n]
+            s += n
+            self._forward(part, n if on_chunk else 1)
             if on_chunk is not None:
-                on_chunk(len(part))
+                on_chunk(n)
 
     @property
     def _last(self) -> _Worker:

@@ -192,3 +192,40 @@ def test_gpu_restored_state_equals_the_same_prefill_run_fresh(tmp_path, kv_type)
     for a, b in ((0, 16), (16, 32), (32, 40), (40, 42)):   # the chunks the first run's snapshots cut
         logits = fresh.runner.prefill(prompt[a:b])
     np.testing.assert_array_equal(reused, logits)
+
+
+@pytest.mark.cudasim
+def test_copy_state_moves_rows_below_the_position_and_the_states(tmp_path):
+    """engine/snapshot.copy_state (the batched decoder's slot <-> staging copies): rows < p of every KV head and
+    every GDN state reach the destination, its rows past p and those of other heads stay, position p set."""
+    from ninfer_numba.engine.cache import SequenceState
+    from ninfer_numba.engine.snapshot import copy_state
+    from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+    from ninfer_numba.model.weights import open_model
+    from tests.gguf_factory import tensors_for, write_gguf
+    from tests.model.test_gpu_model import SPEC
+    if not SIMULATOR:
+        pytest.skip("simulator test (the GPU runs the batched decoder's tests)")
+    c = open_model(write_gguf(tmp_path / "m.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(2)))).config
+    stream = cuda.stream()
+    src, dst = SequenceState(c, 12, stream), SequenceState(c, 12, stream)
+    rng = np.random.default_rng(6)
+    fill = {}
+    for name in ("k_cache", "v_cache", "conv", "ssm"):
+        for i in getattr(src, name):
+            for which, st in (("src", src), ("dst", dst)):
+                a = getattr(st, name)[i]
+                fill[which, name, i] = rng.standard_normal(a.shape).astype(a.dtype)
+                a.copy_to_device(fill[which, name, i])
+    copy_state(dst, src, 7, stream)
+    assert dst.host_pos == 7 and int(dst.pos.copy_to_host()[0]) == 7
+    for name in ("k_cache", "v_cache", "conv", "ssm"):
+        for i, a in getattr(dst, name).items():
+            got, want, before = a.copy_to_host(), fill["src", name, i], fill["dst", name, i]
+            if name in ("k_cache", "v_cache"):
+                np.testing.assert_array_equal(got[:, :7], want[:, :7])
+                np.testing.assert_array_equal(got[:, 7:], before[:, 7:])
+            else:
+                np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="different layouts"):
+        copy_state(SequenceState(c, 12, stream, layers=range(2)), src, 7, stream)

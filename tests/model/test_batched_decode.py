@@ -31,11 +31,15 @@ def test_batched_step_equals_single_steps(tmp_path):
         first = runner.decode(t0)
         second = runner.decode(int(np.argmax(first)))
         want.append((t0, first, second))
+    from ninfer_numba.engine.cuda_runner import chunk_lengths
     slots = model.new_slots(4, llm.max_seq)
     for s, p in zip(slot_of, prompts):
         view = slots.view(s)
-        model.buf.tokens[:len(p)].copy_to_device(np.array(p, np.int32), stream=model.stream)
-        model.forward(len(p), view)
+        at = 0
+        for n in chunk_lengths(len(p), model.buf.t_max):      # the runner's pieces: the same sums
+            model.buf.tokens[:n].copy_to_device(np.array(p[at:at + n], np.int32), stream=model.stream)
+            model.forward(n, view)
+            at += n
         slots.adopt(s, view)
     rows = slots.rows(3)
     rows.set_rows(slot_of)
@@ -69,7 +73,7 @@ def test_batched_decoder_greedy_equals_the_runner(tmp_path):
         for _ in range(6):
             seq.append(runner.decode_greedy(seq[-1]))
         want.append(seq)
-    dec = BatchedDecoder(runner.model, 4, llm.max_seq)
+    dec = BatchedDecoder(runner.model, 4, llm.max_seq, runner=runner)   # prefills through the runner's graphs
     assert dec.buckets == [1, 2, 4]
     slot_of = [2, 0, 3]
     for s in slot_of:
