@@ -222,9 +222,10 @@ class CudaRunner:
         self._replay()
         return self._read_token()
 
-    def _check_room(self, n: int) -> None:
-        if self.state.host_pos + n > self.max_seq:
-            raise ValueError(f"context overflow: {self.state.host_pos} + {n} tokens > max_seq {self.max_seq}")
+    def _check_room(self, n: int, st: SequenceState | None = None) -> None:
+        st = st or self.state
+        if st.host_pos + n > st.max_seq:
+            raise ValueError(f"context overflow: {st.host_pos} + {n} tokens > max_seq {st.max_seq}")
 
     # -- runner protocol (engine/llm.py) ---------------------------------------------------------------
     @property
@@ -249,8 +250,7 @@ class CudaRunner:
     def run_on(self, ids: list[int], st: SequenceState) -> None:
         """ids run after what st holds, in the chunks and pieces of chunk_lengths, replayed from graphs kept
         for st (the batched decoder's staging state); the last row's logits in model.logits[0]."""
-        if st.host_pos + len(ids) > st.max_seq:
-            raise ValueError(f"context overflow: {st.host_pos} + {len(ids)} tokens > max_seq {st.max_seq}")
+        self._check_room(len(ids), st)
         self._run_tokens(np.asarray(ids, np.int32), st)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
