@@ -1,6 +1,6 @@
 """What admitting a prompt into a batched-decode slot costs on the GPU: its prefill, a snapshot, a restore.
 
-    python -m benchmarks.e2e.admission_cost --model M.gguf [--lengths 128,131,128,140,128,129,137,128]
+    python -m benchmarks.e2e.admission_cost --model M.gguf [--lengths 128,131,128,140,128,129,137,128] [--warm]
 
 Each prompt (random ids of the given length) is prefilled into its own slot of ``LLM.scheduler(16)``'s
 decoder, then snapshotted and restored into another slot; wall milliseconds of each with the stream
@@ -21,6 +21,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--lengths", default="128,131,128,140,128,129,137,128")
+    ap.add_argument("--warm", action="store_true", help="capture the prefill pieces first, as a server does")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
         raise SystemExit("at most 8 lengths (two slots each of 16)")
     llm = LLM(a.model, backend="cuda", max_seq=max(lengths) + 64)
     dec = llm.scheduler(16).decoder
+    if a.warm and hasattr(dec, "warm"):                 # what a server does at start (server/worker.py)
+        print(f"prefill pieces captured in {dec.warm():.2f} s")
     rng = np.random.default_rng(0)
     print(f"{'slot':>4} {'tokens':>6} {'prefill ms':>10} {'snapshot ms':>11} {'restore ms':>10} {'MB':>7}")
     for s, n in enumerate(lengths):

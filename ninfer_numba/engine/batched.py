@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_numba.engine.cache import SlotStates
 from ninfer_numba.engine.snapshot import CudaSnapshot, copy_state
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
@@ -75,6 +74,14 @@ class BatchedDecoder:
             if b >= n:
                 return b
         raise ValueError(f"{n} sequences in one step; this decoder holds {self.n_slots}")
+
+    def warm(self) -> float:
+        """The runner's prefill pieces captured for the staging state (CudaRunner.warm_prefill), so admissions
+        replay from the first; 0 without a runner. Returns the wall seconds."""
+        if self.runner is None:
+            return 0.0
+        self.model.tokens_owner = None
+        return self.runner.warm_prefill(self._staging)
 
     def reset(self, s: int) -> None:
         """Empty slot s for a new sequence."""

@@ -33,7 +33,7 @@ from ninfer_numba.model.weights import ModelWeights
 from ninfer_numba.engine.graphs import CudaGraph
 from ninfer_numba.kernels.pdl import programmatic_launches
 
-PREFILL_GRAPHS = 48                # prefill chunk lengths (per state) kept as captured graphs
+PREFILL_GRAPHS = 64                # prefill chunk lengths (per state) kept as captured graphs
 SPLIT_MAX = 256                    # a prompt's rest up to this many tokens goes in recurring pieces
 SPLIT_MIN = 16                     # the smallest power-of-two piece; below it, one piece of what is left
 
@@ -55,6 +55,12 @@ def chunk_lengths(n: int, chunk: int, split: bool = True) -> list[int]:
         out.append(piece)
         rest -= piece
     return out + ([rest] if rest else [])
+
+
+def piece_lengths() -> list[int]:
+    """Every length chunk_lengths cuts a short rest into: the powers of two SPLIT_MIN..SPLIT_MAX, and 1 to
+    SPLIT_MIN - 1 (warm_prefill captures them all)."""
+    return [1 << k for k in range(SPLIT_MIN.bit_length() - 1, SPLIT_MAX.bit_length())] + list(range(1, SPLIT_MIN))
 
 
 class CudaRunner:
@@ -171,9 +177,9 @@ class CudaRunner:
 
     def _forward_chunk(self, t: int, st: SequenceState, logits_rows: int, taps: dict) -> None:
         """forward(t) of the tokens in buf.tokens[:t]: eagerly, or from a captured graph when this length
-        was seen before (module docstring). Tapped forwards and single tokens always run eagerly."""
+        was seen before (module docstring). Tapped forwards always run eagerly."""
         key = (id(st), t, logits_rows)
-        if taps or t == 1 or SIMULATOR or not self.engine.prefill_graphs or key in self._no_graph:
+        if taps or SIMULATOR or not self.engine.prefill_graphs or key in self._no_graph:
             self.model.forward(t, st, logits_rows=logits_rows, **taps)
             return
         graph = self._prefill_graphs.pop(key, None)
@@ -252,6 +258,27 @@ class CudaRunner:
         for st (the batched decoder's staging state); the last row's logits in model.logits[0]."""
         self._check_room(len(ids), st)
         self._run_tokens(np.asarray(ids, np.int32), st)
+
+    def warm_prefill(self, st: SequenceState | None = None) -> float:
+        """Every piece length of chunk_lengths (piece_lengths) run twice on st (default: the runner's own
+        state), eagerly and then captured, so a short prompt or a chat turn's rest replays from its first
+        time; st is empty afterwards. A server calls this once at start (server/worker.py): 19 lengths, ~2 s.
+        Returns the wall seconds."""
+        st = st or self.state
+        if SIMULATOR or not self.engine.prefill_graphs:
+            return 0.0
+        t0 = time.perf_counter()
+        lengths = [n for n in piece_lengths() if n <= min(self.model.buf.t_max, st.max_seq)]
+        zeros = np.zeros(max(lengths), np.int32)                 # token 0: what runs does not matter
+        for n in lengths:
+            for _ in range(2):
+                st.reset(self.stream)
+                self.model.buf.tokens[:n].copy_to_device(zeros[:n], stream=self.stream)
+                self.model.tokens_owner = self
+                self._forward_chunk(n, st, 1, {})
+        st.reset(self.stream)
+        self.stream.synchronize()
+        return time.perf_counter() - t0
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self._check_room(len(ids))

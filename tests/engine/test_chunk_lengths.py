@@ -1,7 +1,7 @@
 """engine/cuda_runner.chunk_lengths: the forwards of a prefill, short rests in pieces whose lengths recur."""
 import pytest
 
-from ninfer_numba.engine.cuda_runner import SPLIT_MAX, SPLIT_MIN, chunk_lengths
+from ninfer_numba.engine.cuda_runner import SPLIT_MAX, SPLIT_MIN, chunk_lengths, piece_lengths
 
 
 @pytest.mark.parametrize("n,chunk,want", [
@@ -22,6 +22,8 @@ def test_every_length_sums_and_recurs():
         seen |= {p for p in parts if p <= SPLIT_MAX}
     powers = {1 << k for k in range(SPLIT_MIN.bit_length() - 1, SPLIT_MAX.bit_length())}
     assert seen <= powers | set(range(1, SPLIT_MIN))
+    assert set(piece_lengths()) == seen                 # what warm_prefill captures: each one, and no other
+    assert len(piece_lengths()) == len(seen)
 
 
 def test_unsplit_is_whole_chunks_and_the_rest():
