@@ -47,9 +47,9 @@
 #               what is left of 480 s: the batched step's, scheduler's and coded caches' GPU tests, bench_attn's
 #               decode rows (f16 and coded caches), the engine's batched step,
 #               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
-#   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost, cold and with the pieces
-#               warmed) in .cache/ab_base when carried and in this tree, the engine's batched step, concurrency
-#               through `ninfer serve --batch-slots 16`, then prefix_gate, in what is left of DEADLINE (570) s;
+#   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
+#               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
+#               .cache/ab_base when carried and in this tree, in what is left of DEADLINE (570) s;
 #               the 9b file with the vocabulary made unless /tmp/ninfer_9bv_making says it is being made
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
@@ -299,23 +299,21 @@ admissions)
   [ -f models/q35-9b-vocab.gguf ] || python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf \
     > "$OUT/logs/make_9bv.log" 2>&1
   root=$PWD
-  for tree in .cache/ab_base .; do
-    [ -d "$tree/ninfer_numba" ] || continue
-    for warm in "" --warm; do
-      ( cd "$tree" && timeout 60 python3 -m benchmarks.e2e.admission_cost --model "$root/models/q35-9b-vocab.gguf" $warm ) \
-        > "$OUT/logs/admission_$(basename "$tree")$warm.log" 2>&1
-      say "admission cost, tree $tree $warm (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission_$(basename "$tree")$warm.log" | tail -10
-    done
-  done
-  timeout 70 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf \
-    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
-  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | head -9
+  admission() {   # tree [--warm]
+    [ -d "$1/ninfer_numba" ] || return 0
+    ( cd "$1" && timeout $(( $(left) < 60 ? $(left) : 60 )) python3 -m benchmarks.e2e.admission_cost \
+      --model "$root/models/q35-9b-vocab.gguf" ${2:-} ) > "$OUT/logs/admission_$(basename "$1")${2:-}.log" 2>&1
+    say "admission cost, tree $1 ${2:-} (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission_$(basename "$1")${2:-}.log" | tail -10
+  }
+  admission . --warm
   timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf \
     --backend cuda --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
   say "concurrency (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
-  timeout $(left) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
-    > "$OUT/logs/prefix_gate.log" 2>&1
+  timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
+    --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
   say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
+  admission .cache/ab_base
+  admission .
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 serve_batched)
