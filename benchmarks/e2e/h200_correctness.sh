@@ -12,9 +12,9 @@
 source "$(dirname "$0")/h200_setup.sh"
 left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
 blas() { OPENBLAS_NUM_THREADS=$1 OMP_NUM_THREADS=$1 MKL_NUM_THREADS=$1 "${@:2}"; }
-# make-model into models/q35-<shape>-<scales>-<type>.gguf (vocab-less)
+# make-model into models/q35-<shape>-<scales>-<type>.gguf (vocab-less), unless an earlier step of the call made it
 model() {   # shape scales type
-  python3 -m ninfer_numba make-model --shape $1 --no-vocab --block-scales $2 --matrix-type $3 \
+  [ -f models/q35-$1-$2-$3.gguf ] || python3 -m ninfer_numba make-model --shape $1 --no-vocab --block-scales $2 --matrix-type $3 \
     --out models/q35-$1-$2-$3.gguf > "$OUT/logs/make_$1_$2_$3.log" 2>&1
 }
 # the tie-following reference on one file, in at most $1 seconds with $2 BLAS threads

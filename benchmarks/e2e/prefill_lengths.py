@@ -1,0 +1,78 @@
+"""What one prefill forward costs at each short length, run eagerly and replayed from its captured graph.
+
+    python -m benchmarks.e2e.prefill_lengths --model M.gguf [--lengths 1,2,3,8,15,16,17,32,64,128,256] [--out F]
+
+The CUDA runner (engine/cuda_runner.py) cuts a short prompt rest into pieces (chunk_lengths) whose graphs it
+captures (warm_prefill); an admission into a batched-decode slot adds two state copies (copy_state). Per
+length: wall ms of one eager forward (~400 numba launches) and of one replay (the GPU's time plus one graph
+launch), each with the stream synchronized, median of --repeats; then one copy_state of a 128-token state.
+Where a replay costs more than its weight read (~2 ms on the 9B), the GPU work of that length is what to fix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def _median_ms(fn, repeats: int, sync) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--lengths", default="1,2,3,8,15,16,17,32,64,128,256")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    import numpy as np
+
+    from benchmarks.timing import gpu_name
+    from ninfer_numba import LLM
+    from ninfer_numba.engine.snapshot import copy_state
+    lengths = [int(x) for x in a.lengths.split(",")]
+    llm = LLM(a.model, backend="cuda", max_seq=2 * max(lengths) + 64, prefix_cache_mb=0)
+    run, model = llm.runner, llm.runner.model
+    st, sync = run.state, run.stream.synchronize
+    zeros = np.zeros(max(lengths), np.int32)
+    print(f"{gpu_name()}; {a.model}; median of {a.repeats}")
+    print(f"{'tokens':>6} {'eager ms':>9} {'replay ms':>10}")
+    rows = []
+    for n in lengths:
+        def put(n=n):
+            st.reset(run.stream)
+            model.buf.tokens[:n].copy_to_device(zeros[:n], stream=run.stream)
+            model.tokens_owner = run
+
+        def eager(n=n):
+            put()
+            model.forward(n, st)
+
+        def replay(n=n):
+            put()
+            run._forward_chunk(n, st, 1, {})
+
+        eager_ms = _median_ms(eager, a.repeats, sync)
+        replay(), replay()                                      # seen, then captured
+        replay_ms = _median_ms(replay, a.repeats, sync)
+        rows.append({"tokens": n, "eager_ms": eager_ms, "replay_ms": replay_ms})
+        print(f"{n:6d} {eager_ms:9.2f} {replay_ms:10.2f}", flush=True)
+    other = model.new_state(st.max_seq)                     # what is copied does not matter, only how much
+    copy_ms = _median_ms(lambda: copy_state(other, st, 128, run.stream), a.repeats, sync)
+    print(f"copy_state of a 128-token state: {copy_ms:.2f} ms")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"gpu": gpu_name(), "model": a.model, "rows": rows, "copy_state_ms": copy_ms}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
