@@ -11,8 +11,8 @@ row and every per-row kernel is independent of the others, so what the spare row
 A sequence enters with ``reset(s)`` (or ``restore(s, snapshot)``) and ``prefill(s, ids)``. Given the CUDA
 runner, a prefill runs on a staging state through the runner's chunks and captured prefill graphs
 (cuda_runner.chunk_lengths: a short prompt in power-of-two pieces, lengths that recur), between two copies
-of the slot's rows and GDN states (engine/snapshot.copy_state, ~70 driver copies): a 128-token prompt run
-eagerly is ~400 numba launches, ~50 ms on the 9B. Without it, the model's chunked prefill on the slot's view,
+of the slot's rows and GDN states (engine/snapshot.copy_rows, replayed from a graph per slot and size): a
+128-token prompt run eagerly is ~400 numba launches, ~50 ms on the 9B. Without it, the model's chunked prefill on the slot's view,
 eagerly. ``step(slots, tokens)`` feeds each active
 sequence its input token and returns each one's next. Sampling other than greedy, logprobs and grammars are
 the single-sequence runner's (engine/cuda_runner.py); this is the slot decoder of the scheduler of many clients
@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer_numba.engine.snapshot import CudaSnapshot, copy_state
+from ninfer_numba.engine.cache import SequenceState
+from ninfer_numba.engine.snapshot import CudaSnapshot, copy_rows
 from ninfer_numba.engine.graphs import CudaGraph
+from ninfer_numba.kernels import position
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import programmatic_launches
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS
 from ninfer_numba.kernels.sample.device import SampleWorkspace, argmax
 
 BUCKETS = (1, 2, 4, 8, 16)
+COPY_ROWS_MIN = 256               # the fewest cache rows a slot <-> staging copy moves (a graph per power of two)
 
 
 class BatchedDecoder:
@@ -54,6 +57,7 @@ class BatchedDecoder:
         self._host_in = cuda.pinned_array(n_slots, np.int32)        # [n_slots] the rows' input tokens
         self._host_out = cuda.pinned_array(n_slots, np.int32)       # [n_slots] their picks
         self._graphs: dict[int, CudaGraph] = {}
+        self._copy_graphs: dict[tuple, CudaGraph] = {}              # (slot, into staging, rows) -> copy_rows
         self._tokens_dev = {b: model.buf.tokens[:b] for b in self.buckets}   # [b] views, made once
         self._rows_key = self._fed_key = None    # (bucket, slots) whose rows are set / whose picks are fed
         self._fed_picks: list[int] = []
@@ -99,6 +103,25 @@ class BatchedDecoder:
         self._check_slot(s)
         return CudaSnapshot(self.states.view(s), self.stream)
 
+    def _copy(self, s: int, src: SequenceState, dst: SequenceState, p: int) -> None:
+        """dst holds src's first p tokens, one of them slot s's view and the other the staging state: a replay
+        of the graph of copy_rows kept for (slot, direction, rows), rows the power of two >= p (at least
+        COPY_ROWS_MIN, at most max_seq; rows past p are never read). Its ~110 driver copies cost ~5 ms of
+        Python each time; the slots' and the staging state's memory never moves, so a graph stays valid."""
+        rows = min(self.max_seq, max(COPY_ROWS_MIN, 1 << max(p - 1, 0).bit_length()))
+        key = (s, dst is self._staging, rows)
+        graph = self._copy_graphs.get(key)
+        if SIMULATOR:
+            copy_rows(dst, src, rows, self.stream)
+        elif graph is None:
+            graph = self._copy_graphs[key] = CudaGraph(self.stream)
+            with graph.capture():
+                copy_rows(dst, src, rows, self.stream)
+        if graph is not None:
+            graph.launch()
+        position.set_position(dst.pos, p, stream=self.stream)
+        dst.host_pos = p
+
     def restore(self, s: int, snap: CudaSnapshot) -> None:
         """Slot s holds the state a snapshot kept (of this decoder or of the model's runner)."""
         self._check_slot(s)
@@ -120,9 +143,9 @@ class BatchedDecoder:
         view = self.states.view(s)
         if self.runner is not None:
             st = self._staging
-            copy_state(st, view, view.host_pos, self.stream)     # what the slot holds: a restored prefix, or none
+            self._copy(s, view, st, view.host_pos)           # what the slot holds: a restored prefix, or none
             self.runner.run_on(ids, st)
-            copy_state(view, st, st.host_pos, self.stream)
+            self._copy(s, st, view, st.host_pos)
         else:
             arr = np.asarray(ids, np.int32)
             for i in range(0, len(arr), m.buf.t_max):

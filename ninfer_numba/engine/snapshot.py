@@ -54,16 +54,15 @@ def _pieces(st: SequenceState, p: int) -> list[tuple]:
     return out
 
 
-def copy_state(dst: SequenceState, src: SequenceState, p: int, stream) -> None:
-    """dst holds src's first p tokens: the rows < p of every cache and every GDN state, and position p (a
-    slot of the batched decoder and its staging state: engine/batched.py)."""
-    to, of = _pieces(dst, p), _pieces(src, p)
+def copy_rows(dst: SequenceState, src: SequenceState, rows: int, stream) -> None:
+    """The rows < rows of every cache and every GDN state of src into dst, positions untouched (a slot of the
+    batched decoder and its staging state: engine/batched.py): one driver copy per piece, all on stream, so
+    a CUDA graph can capture them."""
+    to, of = _pieces(dst, rows), _pieces(src, rows)
     if [n for *_, n in to] != [n for *_, n in of]:
         raise ValueError("states of different layouts")
     for (d, d_off, n), (s, s_off, _) in zip(to, of):
         _copy_bytes(d, d_off, s, s_off, n, stream)
-    position.set_position(dst.pos, p, stream=stream)
-    dst.host_pos = p
 
 
 class _DevicePointer:

@@ -195,11 +195,11 @@ def test_gpu_restored_state_equals_the_same_prefill_run_fresh(tmp_path, kv_type)
 
 
 @pytest.mark.cudasim
-def test_copy_state_moves_rows_below_the_position_and_the_states(tmp_path):
-    """engine/snapshot.copy_state (the batched decoder's slot <-> staging copies): rows < p of every KV head and
-    every GDN state reach the destination, its rows past p and those of other heads stay, position p set."""
+def test_copy_rows_moves_rows_below_the_count_and_the_states(tmp_path):
+    """engine/snapshot.copy_rows (the batched decoder's slot <-> staging copies): rows < 7 of every KV head and
+    every GDN state reach the destination, its rows past 7 and its position stay."""
     from ninfer_numba.engine.cache import SequenceState
-    from ninfer_numba.engine.snapshot import copy_state
+    from ninfer_numba.engine.snapshot import copy_rows
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
     from ninfer_numba.model.weights import open_model
     from tests.gguf_factory import tensors_for, write_gguf
@@ -217,8 +217,9 @@ def test_copy_state_moves_rows_below_the_position_and_the_states(tmp_path):
                 a = getattr(st, name)[i]
                 fill[which, name, i] = rng.standard_normal(a.shape).astype(a.dtype)
                 a.copy_to_device(fill[which, name, i])
-    copy_state(dst, src, 7, stream)
-    assert dst.host_pos == 7 and int(dst.pos.copy_to_host()[0]) == 7
+    dst.reset(stream)
+    copy_rows(dst, src, 7, stream)
+    assert dst.host_pos == 0 and int(dst.pos.copy_to_host()[0]) == 0
     for name in ("k_cache", "v_cache", "conv", "ssm"):
         for i, a in getattr(dst, name).items():
             got, want, before = a.copy_to_host(), fill["src", name, i], fill["dst", name, i]
@@ -228,4 +229,4 @@ def test_copy_state_moves_rows_below_the_position_and_the_states(tmp_path):
             else:
                 np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="different layouts"):
-        copy_state(SequenceState(c, 12, stream, layers=range(2)), src, 7, stream)
+        copy_rows(SequenceState(c, 12, stream, layers=range(2)), src, 7, stream)
