@@ -3,9 +3,9 @@
     python -m benchmarks.e2e.prefill_lengths --model M.gguf [--lengths 1,2,3,8,15,16,17,32,64,128,256] [--out F]
 
 The CUDA runner (engine/cuda_runner.py) cuts a short prompt rest into pieces (chunk_lengths) whose graphs it
-captures (warm_prefill); an admission into a batched-decode slot adds two state copies (copy_state). Per
+captures (warm_prefill); an admission into a batched-decode slot adds two state copies (copy_rows). Per
 length: wall ms of one eager forward (~400 numba launches) and of one replay (the GPU's time plus one graph
-launch), each with the stream synchronized, median of --repeats; then one copy_state of a 128-token state.
+launch), each with the stream synchronized, median of --repeats; then one copy_rows of 128 rows.
 Where a replay costs more than its weight read (~2 ms on the 9B), the GPU work of that length is what to fix.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     from benchmarks.timing import gpu_name
     from ninfer_numba import LLM
-    from ninfer_numba.engine.snapshot import copy_state
+    from ninfer_numba.engine.snapshot import copy_rows
     lengths = [int(x) for x in a.lengths.split(",")]
     llm = LLM(a.model, backend="cuda", max_seq=2 * max(lengths) + 64, prefix_cache_mb=0)
     run, model = llm.runner, llm.runner.model
@@ -66,11 +66,11 @@ def main(argv=None) -> int:
         rows.append({"tokens": n, "eager_ms": eager_ms, "replay_ms": replay_ms})
         print(f"{n:6d} {eager_ms:9.2f} {replay_ms:10.2f}", flush=True)
     other = model.new_state(st.max_seq)                     # what is copied does not matter, only how much
-    copy_ms = _median_ms(lambda: copy_state(other, st, 128, run.stream), a.repeats, sync)
-    print(f"copy_state of a 128-token state: {copy_ms:.2f} ms")
+    copy_ms = _median_ms(lambda: copy_rows(other, st, 128, run.stream), a.repeats, sync)
+    print(f"copy_rows of 128 rows: {copy_ms:.2f} ms")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": gpu_name(), "model": a.model, "rows": rows, "copy_state_ms": copy_ms}, f, indent=1)
+            json.dump({"gpu": gpu_name(), "model": a.model, "rows": rows, "copy_rows_ms": copy_ms}, f, indent=1)
     return 0
 
 
