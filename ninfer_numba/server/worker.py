@@ -156,7 +156,8 @@ class GenerationWorker:
         except Exception as exc:  # noqa: BLE001  (the lengths then run eagerly: slower, not wrong)
             log.warning("prefill graph warm-up failed: %s", exc)
             return
-        log.info("prefill graphs of the short prompt lengths captured in %.1f s", secs)
+        print(f"ninfer serve: prefill graphs of the short prompt lengths captured in {secs:.1f} s", file=sys.stderr,
+              flush=True)
 
     def _run(self) -> None:
         self._warm()
