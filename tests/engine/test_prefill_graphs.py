@@ -70,15 +70,48 @@ def test_eager_then_captured_then_replayed(runner):
     assert st.host_pos == 96                                  # counted once per call, captures included
 
 
-def test_single_tokens_taps_and_off_stay_eager(runner):
+def test_taps_and_off_stay_eager(runner):
     st = types.SimpleNamespace(host_pos=0)
     for _ in range(3):
-        runner._forward_chunk(1, st, 1, {})
         runner._forward_chunk(8, st, 1, {"tap": print})
     runner.engine.prefill_graphs = False
     for _ in range(3):
         runner._forward_chunk(16, st, 1, {})
-    assert runner.model.eager == 9 and not _Graph.made and st.host_pos == 3 * (1 + 8 + 16)
+    assert runner.model.eager == 6 and not _Graph.made and st.host_pos == 3 * (8 + 16)
+
+
+def test_single_tokens_are_captured_like_any_length(runner):
+    """A one-token rest (chunk_lengths) replays too: the decode graph captures forward(1) already."""
+    st = types.SimpleNamespace(host_pos=0)
+    for _ in range(3):
+        runner._forward_chunk(1, st, 1, {})
+    assert runner.model.eager == 2 and len(_Graph.made) == 1 and _Graph.made[0].launches == 2 and st.host_pos == 3
+
+
+def test_warm_prefill_captures_every_piece_length_and_empties_the_state(runner):
+    """warm_prefill: each piece length twice from an empty state (eager, then inside its capture, then the
+    graph's first launch), the state empty after; a later forward of such a length replays at once."""
+    resets = []
+    st = types.SimpleNamespace(host_pos=0, max_seq=4096, reset=lambda stream: (resets.append(1),
+                                                                           setattr(st, "host_pos", 0)))
+    tokens = types.SimpleNamespace(copy_to_device=lambda a, stream=None: None)
+    runner.model.buf = types.SimpleNamespace(t_max=2048, tokens=_Slicer(tokens))
+    runner.stream = types.SimpleNamespace(synchronize=lambda: None)
+    runner.warm_prefill(st)
+    pieces = cuda_runner.piece_lengths()
+    assert len(_Graph.made) == len(pieces) and all(g.launches == 1 for g in _Graph.made)
+    assert runner.model.eager == 2 * len(pieces) and st.host_pos == 0 and len(resets) == 2 * len(pieces) + 1
+    runner._forward_chunk(128, st, 1, {})
+    assert runner.model.eager == 2 * len(pieces) and _Graph.made[pieces.index(128)].launches == 2
+
+
+class _Slicer:
+    """buf.tokens as the runner slices it: every slice is the same stand-in."""
+    def __init__(self, part):
+        self.part = part
+
+    def __getitem__(self, key):
+        return self.part
 
 
 def test_a_refused_capture_falls_back_to_eager_for_good(runner, capsys):
