@@ -52,19 +52,20 @@ def main(argv=None) -> int:
     zeros = np.zeros(max(lengths + profiled), np.int32)
     print(f"{gpu_name()}; {a.model}; median of {a.repeats}")
     print(f"{'tokens':>6} {'eager ms':>9} {'replay ms':>10}")
+    def put(n):
+        """An empty state and n tokens (0s: what runs does not matter) for a forward of n."""
+        st.reset(run.stream)
+        model.buf.tokens[:n].copy_to_device(zeros[:n], stream=run.stream)
+        model.tokens_owner = run
+
     rows = []
     for n in lengths:
-        def put(n=n):
-            st.reset(run.stream)
-            model.buf.tokens[:n].copy_to_device(zeros[:n], stream=run.stream)
-            model.tokens_owner = run
-
         def eager(n=n):
-            put()
+            put(n)
             model.forward(n, st)
 
         def replay(n=n):
-            put()
+            put(n)
             run._forward_chunk(n, st, 1, {})
 
         eager_ms = _median_ms(eager, a.repeats, sync)
@@ -77,8 +78,7 @@ def main(argv=None) -> int:
     print(f"copy_rows of 128 rows: {copy_ms:.2f} ms")
     profiles, copy = {}, copy_gbps() if a.profile else None
     for n in profiled:
-        st.reset(run.stream)
-        model.buf.tokens[:n].copy_to_device(zeros[:n], stream=run.stream)
+        put(n)
         launches = record_launches(lambda: model.forward(n, st), run.stream)
         profiles[n] = kernel_rows(launches)
         total = sum(r["us"] for r in profiles[n])

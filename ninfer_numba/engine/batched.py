@@ -12,9 +12,9 @@ A sequence enters with ``reset(s)`` (or ``restore(s, snapshot)``) and ``prefill(
 runner, a prefill runs on a staging state through the runner's chunks and captured prefill graphs
 (cuda_runner.chunk_lengths: a short prompt in power-of-two pieces, lengths that recur), between two copies
 of the slot's rows and GDN states (engine/snapshot.copy_rows, replayed from a graph per slot and size): a
-128-token prompt run eagerly is ~400 numba launches, ~50 ms on the 9B. Without it, the model's chunked prefill on the slot's view,
-eagerly. ``step(slots, tokens)`` feeds each active
-sequence its input token and returns each one's next. Sampling other than greedy, logprobs and grammars are
+128-token prompt run eagerly is ~400 numba launches, ~50 ms on the 9B. Without it, the model's chunked
+prefill on the slot's view, eagerly. ``step(slots, tokens)`` feeds each active sequence its input token and
+returns each one's next. Sampling other than greedy, logprobs and grammars are
 the single-sequence runner's (engine/cuda_runner.py); this is the slot decoder of the scheduler of many clients
 (engine/scheduler.py). Snapshots are the runner's CudaSnapshot (f16 KV rows and GDN states), so the prefix
 cache serves both.
@@ -82,10 +82,7 @@ class BatchedDecoder:
     def warm(self) -> float:
         """The runner's prefill pieces captured for the staging state (CudaRunner.warm_prefill), so admissions
         replay from the first; 0 without a runner. Returns the wall seconds."""
-        if self.runner is None:
-            return 0.0
-        self.model.tokens_owner = None
-        return self.runner.warm_prefill(self._staging)
+        return 0.0 if self.runner is None else self.runner.warm_prefill(self._staging)
 
     def reset(self, s: int) -> None:
         """Empty slot s for a new sequence."""
@@ -109,15 +106,15 @@ class BatchedDecoder:
         COPY_ROWS_MIN, at most max_seq; rows past p are never read). Its ~110 driver copies cost ~5 ms of
         Python each time; the slots' and the staging state's memory never moves, so a graph stays valid."""
         rows = min(self.max_seq, max(COPY_ROWS_MIN, 1 << max(p - 1, 0).bit_length()))
-        key = (s, dst is self._staging, rows)
-        graph = self._copy_graphs.get(key)
-        if SIMULATOR:
+        if SIMULATOR:                                   # no graphs: the copies themselves
             copy_rows(dst, src, rows, self.stream)
-        elif graph is None:
-            graph = self._copy_graphs[key] = CudaGraph(self.stream)
-            with graph.capture():
-                copy_rows(dst, src, rows, self.stream)
-        if graph is not None:
+        else:
+            key = (s, dst is self._staging, rows)
+            graph = self._copy_graphs.get(key)
+            if graph is None:
+                graph = self._copy_graphs[key] = CudaGraph(self.stream)
+                with graph.capture():
+                    copy_rows(dst, src, rows, self.stream)
             graph.launch()
         position.set_position(dst.pos, p, stream=self.stream)
         dst.host_pos = p

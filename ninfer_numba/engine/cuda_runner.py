@@ -10,8 +10,9 @@ Prefill chunks (``prefill_graphs``, on by default): a chunk length runs eagerly 
 (PREFILL_GRAPHS lengths are kept, the least recently used dropped). At a 512-token prompt the ~500 Python
 launches of one forward take longer than the GPU's work; replayed, the GPU sets the pace. Long prompts go
 in chunks of prefill_chunk tokens, so every full chunk after the second is a replay; a rest of at most
-SPLIT_MAX tokens goes in power-of-two pieces (chunk_lengths), lengths that recur from prompt to prompt. A capture that fails
-(the driver refuses an operation inside it) leaves that length eager, with a notice on stderr.
+SPLIT_MAX tokens goes in power-of-two pieces (chunk_lengths), lengths that recur from prompt to prompt. A
+capture that fails (the driver refuses an operation inside it) leaves that length eager, with a notice on
+stderr.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def chunk_lengths(n: int, chunk: int, split: bool = True) -> list[int]:
 def piece_lengths() -> list[int]:
     """Every length chunk_lengths cuts a short rest into: the powers of two SPLIT_MIN..SPLIT_MAX, and 1 to
     SPLIT_MIN - 1 (warm_prefill captures them all)."""
-    return [1 << k for k in range(SPLIT_MIN.bit_length() - 1, SPLIT_MAX.bit_length())] + list(range(1, SPLIT_MIN))
+    powers = [1 << k for k in range(SPLIT_MIN.bit_length() - 1, SPLIT_MAX.bit_length())]
+    return powers + list(range(1, SPLIT_MIN))
 
 
 class CudaRunner:
