@@ -40,6 +40,9 @@
 #               with the f16 and k3v3 caches (no llama.cpp: records in $OUT/kv.tgz); then the GPU tests of
 #               the GDN prefill (not 32K), the coded caches, the whole model and the engine
 #   STAGE=ncu:  stall reasons of the W8A16 kernel on one shape (NCU_M, NCU_SHAPE)
+#   STAGE=short: the W8A16 GEMM at short prompts (K split, 32/64-row tiles): its GPU tests, bench_prefill_gemm
+#               at M 2-512 with and without the split, prefill_lengths (profiles at 2 and 128 tokens), the
+#               whole-model GPU tests, pp512 and pp2048 (ours only)
 #   STAGE=gemm: GPU tests of the W8A16 GEMM and the f16 activation kernels, then bench_prefill_gemm
 #               (ours and cuBLAS int8/f16 on every 9B and 27B projection, M = 512, 2048, 8192)
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_prefill.sh   (carry wheelhouse/ for the offline install)
@@ -61,6 +64,25 @@ bench_gdn_base() {
   say "bench_gdn, base tree (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gdn_base.log" | tail -6
 }
 case "${STAGE:-gemm}" in
+short)
+  [ -f models/q35-9b.gguf ] || python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf \
+    > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  gpu_tests 200 8 test_gemm "W8A16 GEMM" tests/kernels/test_gemm_w8a16.py
+  timeout 150 python3 -m benchmarks.kernels.bench_prefill_gemm --models 9b --m 2,16,64,128,512 --no-cublas \
+    --paths "w8a16,w8a16+k,w8a16[32]+k,w8a16[64]+k,w8a16[128]+k" --out "$OUT/bench_short_gemm.jsonl" \
+    > "$OUT/logs/bench_short_gemm.log" 2>&1
+  say "short GEMMs (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_short_gemm.log" | tail -25 | cut -c1-330
+  wait $gen
+  timeout 200 python3 -m benchmarks.e2e.prefill_lengths --model models/q35-9b.gguf --lengths 1,2,16,64,128,256,512 \
+    --profile 2,128 --out "$OUT/prefill_lengths.json" > "$OUT/logs/prefill_lengths.log" 2>&1
+  say "prefill lengths (exit $?):"; grep -v "^WARNING" "$OUT/logs/prefill_lengths.log" | head -40 | cut -c1-120
+  gpu_tests ${MODEL_TEST_S:-150} 4 test_model "whole-model" tests/model
+  timeout 150 python3 -m ninfer_numba bench --models 9b --tests pp512,pp2048 --reps 3 --skip-llamacpp \
+    --out "$OUT/bench" > "$OUT/logs/bench.log" 2>&1
+  say "bench (exit $?):"; grep -E "^\| 9b" "$OUT/logs/bench.log"
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
 gemm)
   timeout 90 python3 -m pytest -q -x tests/kernels/test_gemm_w8a16.py -k "small or dequant" -p no:cacheprovider \
     > "$OUT/test_gemm_smoke.log" 2>&1

@@ -11,7 +11,10 @@ of ``gemm_q8`` (``mma``: int8 mma.sync, ``dp4a``), timed by replaying a CUDA gra
 ``torch.matmul`` (the W8A16 product's ceiling without the dequantization), timed the same way with
 torch.cuda.CUDAGraph. Rate = 2·M·N·K / time (TOPS-equivalent for every path); each of our rows is also shown
 as a fraction of cuBLAS int8 on the same shape. All operands are random (METHOD.md: zeros run faster).
-A path ``w8a16[128]`` or ``w8a16[256]`` forces the W8A16 kernel's activation tile.
+A path ``w8a16[128]`` (any of gemm_plan.STAGE_COST) forces the W8A16 kernel's activation tile; ``w8a16+k``
+gives it the split-K workspace the model gives it (short prompts: K split where the grid leaves SMs idle),
+plain ``w8a16`` never splits. Each row also shows the weights' read rate (int8 + scales per time: the
+ceiling of a short prompt's GEMM is the copy bandwidth, ~4 TB/s).
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ import statistics
 import numpy as np
 
 from ninfer_numba.kernels.q8.gemm import gemm_q8
+from ninfer_numba.kernels.q8.gemm_plan import split_ws_floats
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
-from ninfer_numba.kernels.numba_env import cuda
+from ninfer_numba.kernels.numba_env import cuda, sm_count
 from benchmarks.timing import append_jsonl, gpu_name, time_graph
 
 # (name, N, K) of every prefill projection; N of the fused input projections as in model/gpu_weights.py
@@ -44,9 +48,10 @@ def time_ours(path: str, m: int, n: int, k: int, rng) -> float:
     ws = cuda.to_device((rng.uniform(0.5, 2.0, (n, k // 32)) * 1e-2).astype(np.float16))
     out = cuda.device_array((m, n), np.float32)
     if path.startswith("w8a16"):
-        ba = int(path[6:-1]) if "[" in path else None
+        ba = int(path[path.index("[") + 1:path.index("]")]) if "[" in path else None
+        split_ws = cuda.device_array(split_ws_floats(sm_count()), np.float32) if path.endswith("+k") else None
         xh = cuda.to_device(rng.standard_normal((m, k)).astype(np.float16))   # any column order: random
-        fn = lambda s: gemm_w8a16(wq, ws, xh, out, ba=ba, stream=s)    # noqa: E731
+        fn = lambda s: gemm_w8a16(wq, ws, xh, out, ba=ba, split_ws=split_ws, stream=s)    # noqa: E731
     else:
         xq = cuda.to_device(rng.integers(-127, 128, (m, k), dtype=np.int8))
         xs = cuda.to_device(rng.uniform(1e-3, 1e-1, (m, k // 32)).astype(np.float32))
@@ -104,6 +109,7 @@ def run(models, ms, paths, cublas: bool, shapes=None):
                 for path in paths:
                     row[f"{path}_us"] = time_ours(path, m, n, k, rng) * 1e3
                     row[f"{path}_tops"] = ops / row[f"{path}_us"] / 1e6
+                    row[f"{path}_weight_gbps"] = n * k * (1 + 2 / 32) / row[f"{path}_us"] / 1e3
                     if cublas:
                         row[f"{path}_vs_int8"] = row["cublas_int8_us"] / row[f"{path}_us"]
                 rows.append(row)
@@ -116,7 +122,7 @@ def _line(r, paths, cublas):
     if cublas:
         s += f" cuBLAS int8 {r['cublas_int8_tops']:6.0f}  f16 {r['cublas_f16_tops']:6.0f}"
     for p in paths:
-        s += f" | {p} {r[f'{p}_us']:8.1f} us {r[f'{p}_tops']:6.0f} TOPS"
+        s += f" | {p} {r[f'{p}_us']:8.1f} us {r[f'{p}_tops']:6.0f} TOPS {r[f'{p}_weight_gbps']:5.0f} GB/s"
         if cublas:
             s += f" ({r[f'{p}_vs_int8']:.2f} of int8)"
     return s

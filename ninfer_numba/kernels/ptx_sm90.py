@@ -246,7 +246,8 @@ def _make_fallbacks():
         @cuda.jit(device=True)
         def wgmma(acc, a0, a1, a2, a3, smem, b_byte):
             _, a = _warp_collective(tuple(int(x) for x in (a0, a1, a2, a3)), _a_from_fragments, size=128)
-            d = a @ _read_swizzled(_smem_bytes(smem), int(b_byte), n).T
+            with np.errstate(invalid="ignore"):      # stale NaN bytes in tile rows whose outputs are unused
+                d = a @ _read_swizzled(_smem_bytes(smem), int(b_byte), n).T
             rows, cols = _fragment_index(n)
             return tuple((np.asarray(acc, np.float64) + d[rows, cols]).astype(np.float32))
         return wgmma

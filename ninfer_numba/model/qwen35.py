@@ -31,6 +31,7 @@ from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.kernels.gdn.chunk import gdn_prefill, shared_workspace
 from ninfer_numba.kernels.gdn.recurrent import gdn_decode_step, make_decode_sync
 from ninfer_numba.kernels.q8.gemm import gemm_q8
+from ninfer_numba.kernels.q8.gemm_plan import split_ws_floats
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
@@ -38,7 +39,7 @@ from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append_from_cache
 from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
 from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, role_seeds
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
 from ninfer_numba.kernels.q8.quant_act import gated_rmsnorm_quant, quantize_rows, rmsnorm_quant, silu_mul_quant
 from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
 
@@ -103,6 +104,9 @@ class Qwen35Gpu:
         self.gemm_path = ("w8a16" if cc >= (9, 0) else "auto") if engine.gemm == "auto" else engine.gemm
         if self.gemm_path == "w8a16" and not SIMULATOR and cc < (9, 0):
             raise ValueError(f"gemm='w8a16' needs an sm_90 GPU (wgmma); this one is sm_{cc[0]}{cc[1]}")
+        # the W8A16 GEMM's split-K parts (short prompts: K split where one CTA per tile leaves SMs idle)
+        self.split_ws = (cuda.device_array(split_ws_floats(sm_count()), np.float32, stream=stream)
+                         if self.gemm_path == "w8a16" else None)
         self.prefill_attention = attention_prefill_mma if cc >= (8, 0) and supports_shape(
             c.n_head, c.n_head_kv, c.head_dim) else attention_prefill
         self.kv_type = engine.kv_type
@@ -166,7 +170,7 @@ class Qwen35Gpu:
     def _matmul(self, m: Q8Matrix, act, out, accumulate: bool = False) -> None:
         xq, xs = act
         if xs is None:
-            gemm_w8a16(m.wq, m.ws, xq, out, accumulate=accumulate, stream=self.stream)
+            gemm_w8a16(m.wq, m.ws, xq, out, accumulate=accumulate, split_ws=self.split_ws, stream=self.stream)
         elif xq.shape[0] == 1:
             gemv_q8(m.wq, m.ws, xq, xs, out.reshape(-1), accumulate=accumulate, stream=self.stream)
         elif self._rows_step:                       # one token of each of B sequences

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from ninfer_numba.kernels import ptx_sm90 as sm90
-from ninfer_numba.kernels.q8.gemm_w8a16 import _choose_ba, gemm_w8a16
+from ninfer_numba.kernels.q8.gemm_plan import plan, split_ws_floats
+from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 from ninfer_numba.kernels.q8.ref import (dequant_f16_ref, fragment_order, random_q8_operands, to_fragment_order,
                                             w8a16_error_bound, w8a16_matmul_ref)
@@ -35,13 +36,16 @@ def _operands(rng, m, n, k):
     return wq, ws, xh
 
 
-def _run(m, n, k, *, accumulate, seed, ba=None):
+def _run(m, n, k, *, accumulate, seed, ba=None, splits=None):
+    """splits None: no workspace (K never split); 0: the model's workspace and the plan's split; n: n splits."""
     rng = np.random.default_rng(seed)
     wq, ws, xh = _operands(rng, m, n, k)
     prior = rng.standard_normal((m, n)).astype(np.float32) if accumulate else None
     out = cuda.to_device(prior if accumulate else np.full((m, n), np.nan, np.float32))
+    # NaN-filled: a split that never writes its part shows
+    split_ws = None if splits is None else cuda.to_device(np.full(split_ws_floats(132), np.nan, np.float32))
     gemm_w8a16(cuda.to_device(wq), cuda.to_device(ws), cuda.to_device(to_fragment_order(xh)), out,
-               accumulate=accumulate, ba=ba)
+               accumulate=accumulate, ba=ba, splits=splits or None, split_ws=split_ws)
     got = out.copy_to_host()
     ref, mag = w8a16_matmul_ref(wq, ws, xh, with_abs=True)
     prior64 = 0.0 if prior is None else prior.astype(np.float64)
@@ -77,12 +81,20 @@ def test_dequant_i8x4_is_float16_of_q_times_d():
     np.testing.assert_array_equal(got.view(np.uint16), dequant_f16_ref(wq, ws).view(np.uint16))
 
 
-def test_choose_ba_fills_the_gpu():
-    """256-row activation tiles unless the grid would leave SMs idle (M = 512, N = 4096: 64 tiles of 256)."""
-    assert _choose_ba(8192, 24576, 132) == 256
-    assert _choose_ba(2048, 4096, 132) == 256
-    assert _choose_ba(512, 4096, 132) == 128
-    assert _choose_ba(512, 10240, 132) == 192         # 240 tiles of 192 in 2 waves, not 320 of 128 in 3
+def test_plan_fills_the_gpu():
+    """256-row activation tiles unless the grid would leave SMs idle (M = 512, N = 4096: 64 tiles of 256);
+    K split only where one CTA per tile leaves most SMs idle, and only with room in the workspace."""
+    room = split_ws_floats(132)
+    assert plan(8192, 24576, 4096, 132, room // (8192 * 24576) or 1) == (256, 1)
+    assert plan(2048, 4096, 4096, 132) == (256, 1)
+    assert plan(512, 4096, 4096, 132) == (128, 1)
+    assert plan(512, 10240, 4096, 132) == (192, 1)     # 240 tiles of 192 in 2 waves, not 320 of 128 in 3
+    # 128 rows of the 9B's down projection: 32 tiles of 192 stages; split 4 ways they fill 128 SMs
+    assert plan(128, 4096, 12288, 132, room // (128 * 4096)) == (128, 4)
+    assert plan(128, 4096, 12288, 132) == (32, 1)      # no workspace: no split, 4 row tiles fill the SMs
+    ba, splits = plan(2, 4096, 4096, 132, room // (2 * 4096))
+    assert ba == 32 and 4 <= splits <= 8
+    assert plan(2, 4096, 4096, 132, 8, ba=128)[0] == 128
 
 
 def test_fragment_order_puts_each_lanes_weight_bytes_together():
@@ -111,6 +123,17 @@ def test_gemm_w8a16_small(m, n, k, accumulate, ba):
     _run(m, n, k, accumulate=accumulate, seed=m * 41 + n * 3 + k, ba=ba)
 
 
+@pytest.mark.cudasim
+@RUNNABLE
+@pytest.mark.parametrize("m,n,k,accumulate,ba,splits", [(3, 136, 416, True, 32, 3), (40, 68, 224, False, 64, 2),
+                                                        (9, 8, 160, False, 32, 0)],
+                         ids=["M3-N136-K416-acc-ba32-s3", "M40-N68-K224-ba64-s2", "M9-N8-K160-planned"])
+def test_gemm_w8a16_split_k_and_small_tiles(m, n, k, accumulate, ba, splits):
+    """K split into parts (the last one shorter, with a half stage where K % 64 == 32), summed into out or
+    added to it; 32- and 64-row tiles with most of their rows past M."""
+    _run(m, n, k, accumulate=accumulate, seed=m * 7 + n + k, ba=ba, splits=splits)
+
+
 @pytest.mark.gpu
 @GPU
 @pytest.mark.parametrize("ba", [128, 192, 256])
@@ -120,6 +143,15 @@ def test_gemm_w8a16_small(m, n, k, accumulate, ba):
                          ids=lambda v: str(v))
 def test_gpu_gemm_w8a16_model_shapes(ba, m, n, k):
     _run(m, n, k, accumulate=(m % 2 == 1), seed=m + n + k, ba=ba)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("m", [1, 2, 17, 64, 128, 255])
+@pytest.mark.parametrize("n,k", [(4096, 12288), (12352, 4096), (24576, 4096), (1028, 96)], ids=lambda v: str(v))
+def test_gpu_gemm_w8a16_planned_splits(m, n, k):
+    """The model's call: the workspace given, tile and K splits from the plan (short prompts split K)."""
+    _run(m, n, k, accumulate=(m % 2 == 0), seed=m * 3 + n + k, splits=0)
 
 
 @pytest.mark.gpu
@@ -134,7 +166,7 @@ LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
 
 @pytest.mark.skipif(SIMULATOR or gpu_available() or not __import__("os").path.exists(LIBDEVICE),
                     reason="offline PTX check: needs NVVM + libdevice and no GPU (a GPU runs the real tests)")
-@pytest.mark.parametrize("ba", [128, 256])
+@pytest.mark.parametrize("ba", [32, 128, 256])
 def test_ptx_offline_has_register_operand_wgmma_and_no_local_memory(monkeypatch, ba):
     """Compile the kernel to sm_90a PTX without a device (test-only patches of numba internals, as
     test_flash_attn_mma.py): 4 wgmma per stage with A in registers, accumulators and fragments in
@@ -154,7 +186,7 @@ def test_ptx_offline_has_register_operand_wgmma_and_no_local_memory(monkeypatch,
     monkeypatch.setattr(nvvm_mod, "get_libdevice", lambda: LIBDEVICE)
     monkeypatch.setattr(nvvm_mod, "open_libdevice", lambda: open(LIBDEVICE, "rb").read())
     sig = (types.Array(types.int8, 2, "C"), types.Array(types.uint16, 1, "C"), types.Array(types.float16, 2, "C"),
-           types.Array(types.float32, 2, "C"), types.int64)
+           types.Array(types.float32, 2, "C"), types.Array(types.float32, 1, "C"), types.int64, types.int64)
     ptx_text, _ = cuda.compile_ptx(gemm_w8a16._kernel(ba).py_func, sig, cc=(9, 0, "a"), launch_bounds=(256, 1))
     calls = [line for line in ptx_text.splitlines() if "wgmma.mma_async" in line]
     assert len(calls) == 8 and all(f"m64n{ba}k16.f32.f16.f16" in c for c in calls)   # 4 per unrolled half

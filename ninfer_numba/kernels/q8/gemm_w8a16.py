@@ -15,10 +15,11 @@ version of this kernel stored them there: shared-memory traffic, not the tensor 
 TOPS; benchmarks/NOTES.md), and shared memory carries only the activation tiles.
 
 CTA: 256 threads = 2 warpgroups. Tile: BW = 128 weight rows (output columns; warpgroup j owns rows
-64j..64j+63, thread (warp w, lane 4g + q) rows 16w + g and 16w + g + 8) x BA = 256, 192 or 128 activation
-rows (output rows, the wgmma N; ``_choose_ba`` picks by waves of CTAs, smaller tiles where 256 would leave
-SMs idle). K advances BK = 64 per
-stage: 4 wgmma k16 steps. Shared memory: A_SLOTS = 5 activation stages [BA rows x 128 B] (128-byte swizzle,
+64j..64j+63, thread (warp w, lane 4g + q) rows 16w + g and 16w + g + 8) x BA = 256, 192, 128, 64 or 32
+activation rows (output rows, the wgmma N). K advances BK = 64 per stage: 4 wgmma k16 steps. gemm_plan.py
+picks BA and a split of K by waves of CTAs: smaller tiles and K split into parts where one CTA per output
+tile would leave SMs idle (a short prompt's forward); split z's products go to a workspace and _sum_splits
+adds them in split order. Shared memory: A_SLOTS = 5 activation stages [BA rows x 128 B] (128-byte swizzle,
 ptx_sm90.py), filled by cp.async 3 stages ahead; the same bytes hold the epilogue tile at the end.
 Registers: the accumulators (BA/2 float32), two sets of A fragments (16 uint32 each: the stage being
 multiplied and the next), two sets of int8 weight words (8 uint32 + 4 scales: the next two stages).
@@ -42,8 +43,10 @@ activation tile fastest), so the ~132 CTAs in flight share a few tiles of each o
 Epilogue: the accumulators go through shared memory transposed (rows of 128 + 4 floats: conflict-free) and
 leave as 16-byte coalesced stores, added to ``out`` when accumulating (the residual add).
 
-Tails: rows past M or N are loaded from a clamped valid row and never stored; a final half stage (K % 64 ==
-32) has its second 32-block zeroed in both operands (stale shared memory could hold NaN patterns).
+Tails: weight rows past N are loaded from a clamped valid row and never stored; activation rows past M are
+not loaded at all (their slot rows keep stale bytes, which reach only output rows never stored); a final
+half stage (K % 64 == 32) has its second 32-block zeroed in both operands (stale shared memory could hold
+NaN patterns, and those rows are stored).
 """
 from __future__ import annotations
 
@@ -57,10 +60,9 @@ from ninfer_numba.kernels import ptx_sm90 as sm90
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
+from ninfer_numba.kernels.q8.gemm_plan import BK, BW, STAGE_COST, plan
 from ninfer_numba.kernels.q8.ref import QK
 
-BW = 128                          # weight rows (output columns) per CTA: 2 warpgroups x 64
-BK = 64                           # K per stage: 64 f16 = one 128-byte swizzled activation row
 A_SLOTS = 5                       # activation stages in shared memory (copied 3 stages ahead)
 TPB = 256
 GROUP_M = 8                       # activation tiles per rasterization group
@@ -85,17 +87,22 @@ def _kernel(ba: int):
     store_acc = sm90.acc_store_t(ba)
 
     @cuda.jit(device=True, inline=True)
-    def issue_a(smem, xh, a_src, a_dst, kt, k):
+    def issue_a(smem, xh, a_src, a_dst, kt, k, rows_left):
         """cp.async stage kt of the activation tile (chunk tid & 7 of rows (tid >> 3) + 32 i) into its slot;
-        chunks past K are zeroed instead."""
+        chunks past K are zeroed instead. Rows past M (i with 32 i >= rows_left) are not copied at all: their
+        stale bytes reach only output rows that are never stored, and copying a clamped row there made every
+        thread of a short tile read the same 16 bytes, which the load path serializes (a 2-row forward's
+        GEMMs took 1.8x a 128-row one's)."""
         kofs = uint32(kt * BK)
         at = a_dst + uint32((uint32(kt) % uint32(A_SLOTS)) * slot_bytes)
         if kofs + uint32((cuda.threadIdx.x & 7) * 8) < uint32(k):
             for i in range(a_chunks):
-                sm90.cp_async_16b(smem, at + uint32(4096 * i), xh, a_src[i] + kofs)
+                if 32 * i < rows_left:
+                    sm90.cp_async_16b(smem, at + uint32(4096 * i), xh, a_src[i] + kofs)
         else:
             for i in range(a_chunks):
-                sm90.st_shared_v4(smem, at + uint32(4096 * i), 0, 0, 0, 0)
+                if 32 * i < rows_left:
+                    sm90.st_shared_v4(smem, at + uint32(4096 * i), 0, 0, 0, 0)
 
     @cuda.jit(device=True, inline=True)
     def load_w(wq, ws_flat, w_src, s_src, kt, k, r_w, r_s):
@@ -131,7 +138,7 @@ def _kernel(ba: int):
                 frag[4 * step + 3] = hi1
 
     @cuda.jit(device=True, inline=True)
-    def iteration(acc, smem, wq, ws_flat, xh, kt, n_k, k, a_byte, a_src, a_dst, w_src, s_src,
+    def iteration(acc, smem, wq, ws_flat, xh, kt, n_k, k, rows_left, a_byte, a_src, a_dst, w_src, s_src,
                   f_cur, f_next, r_w, r_s):
         """Steps 1-7 of the module docstring for stage kt: multiply F(kt) = f_cur, dequantize r_w (stage
         kt + 1) into f_next, then refill r_w with stage kt + 3."""
@@ -148,16 +155,18 @@ def _kernel(ba: int):
         sm90.fence_proxy_async()
         if kt + 3 < n_k:
             load_w(wq, ws_flat, w_src, s_src, kt + 3, k, r_w, r_s)
-            issue_a(smem, xh, a_src, a_dst, kt + 3, k)
+            issue_a(smem, xh, a_src, a_dst, kt + 3, k, rows_left)
         ptx.cp_async_commit()
         sm90.wgmma_wait_1()
         return acc
 
     @cached_jit(**_OCCUPANCY)
-    def kernel(wq, ws_flat, xh, out, accumulate):
+    def kernel(wq, ws_flat, xh, out, part, accumulate, per_split):
         """wq: [N, K] int8, ws_flat: [N * K/32] uint16 (f16 bits of ws [N, K/32]), xh: [M, K] f16 in fragment
-        order, out: [M, N] f32; grid (ceil(M / ba) * ceil(N / BW),), block (TPB,), dynamic shared
-        smem_bytes(ba)."""
+        order, out: [M, N] f32, part: [splits * M * N] f32 (split z's products at z * M * N; unused with one
+        split); grid (ceil(M / ba) * ceil(N / BW), splits), block (TPB,), dynamic shared smem_bytes(ba).
+        Split z multiplies K stages [z * per_split, (z + 1) * per_split): its operands' offsets start there
+        and the loop sees only that slice of K."""
         smem = cuda.shared.array(0, types.uint32, alignment=16)  # [A_SLOTS][ba x 128 B]; epilogue [ba][132] f32
         f0 = cuda.local.array(16, np.uint32)                     # [4 steps x a0..a3] A fragments, even stages
         f1 = cuda.local.array(16, np.uint32)                     # odd stages
@@ -165,10 +174,10 @@ def _kernel(ba: int):
         w1 = cuda.local.array(8, np.uint32)                      # odd stages
         s0 = cuda.local.array(4, np.uint32)                      # [2 rows x 2 blocks] f16 scale bits, even
         s1 = cuda.local.array(4, np.uint32)                      # odd stages
-        a_src = cuda.local.array(a_chunks, np.uint32)            # [a_chunks] xh offsets of my chunks at k 0
-        w_src = cuda.local.array(2, np.uint32)                   # [2 rows] wq offsets of my bytes at k 0
+        a_src = cuda.local.array(a_chunks, np.uint32)            # [a_chunks] xh offsets of my chunks at k0
+        w_src = cuda.local.array(2, np.uint32)                   # [2 rows] wq offsets of my bytes at k0
         s_src = cuda.local.array(2, np.uint32)                   # [2 rows] ws_flat offsets of their scales
-        m_rows, k = xh.shape
+        m_rows, k_all = xh.shape
         n_rows = wq.shape[0]
         tid = cuda.threadIdx.x
         tiles_m = (m_rows + ba - 1) // ba
@@ -179,15 +188,19 @@ def _kernel(ba: int):
         group_rows = min(tiles_m - first_m, GROUP_M)
         m0 = (first_m + (pid % per_group) % group_rows) * ba
         n0 = ((pid % per_group) // group_rows) * BW
+        split = cuda.blockIdx.y
+        k0 = split * per_split * BK                              # this split's first K column
+        k = min(k_all - k0, per_split * BK)                      # and how many it multiplies
         pad = (uint32(1024) - (sm90.smem_u32(smem) & uint32(1023))) & uint32(1023)
 
-        for i in range(a_chunks):                                # activation rows past M read the last row
-            a_src[i] = uint32(min(m0 + (tid >> 3) + 32 * i, m_rows - 1) * k + (tid & 7) * 8)
+        rows_left = m_rows - m0 - (tid >> 3)                     # my activation chunks' rows below M: 32 i < this
+        for i in range(a_chunks):                                # (rows past M keep a clamped, unused offset)
+            a_src[i] = uint32(min(m0 + (tid >> 3) + 32 * i, m_rows - 1) * k_all + (tid & 7) * 8 + k0)
         wrow = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2)
         for row in range(2):                                     # weight rows past N read the last row
             src = min(n0 + wrow + 8 * row, n_rows - 1)
-            w_src[row] = uint32(src * k + (tid & 3) * 8)
-            s_src[row] = uint32(src * (k // QK))
+            w_src[row] = uint32(src * k_all + (tid & 3) * 8 + k0)
+            s_src[row] = uint32(src * (k_all // QK) + k0 // QK)
         a_dst = pad + uint32((tid >> 3) * ROW_BYTES + (((tid & 7) ^ ((tid >> 3) & 7)) << 4))
         n_k = (k + BK - 1) // BK
 
@@ -195,7 +208,7 @@ def _kernel(ba: int):
         dequant(w0, s0, f0)
         for kt in range(3):
             if kt < n_k:
-                issue_a(smem, xh, a_src, a_dst, kt, k)
+                issue_a(smem, xh, a_src, a_dst, kt, k, rows_left)
             ptx.cp_async_commit()
         if n_k > 1:
             load_w(wq, ws_flat, w_src, s_src, 1, k, w1, s1)
@@ -205,17 +218,18 @@ def _kernel(ba: int):
         sm90.fence_proxy_async()
         acc = zero()
         for kt in range(0, n_k, 2):
-            acc = iteration(acc, smem, wq, ws_flat, xh, kt, n_k, k, pad, a_src, a_dst, w_src, s_src,
-                            f0, f1, w1, s1)
+            acc = iteration(acc, smem, wq, ws_flat, xh, kt, n_k, k, rows_left, pad, a_src, a_dst, w_src,
+                            s_src, f0, f1, w1, s1)
             if kt + 1 < n_k:
-                acc = iteration(acc, smem, wq, ws_flat, xh, kt + 1, n_k, k, pad, a_src, a_dst, w_src, s_src,
-                                f1, f0, w0, s0)
+                acc = iteration(acc, smem, wq, ws_flat, xh, kt + 1, n_k, k, rows_left, pad, a_src, a_dst,
+                                w_src, s_src, f1, f0, w0, s0)
         sm90.wgmma_wait_0()
         cuda.syncthreads()                                       # every wgmma has read its tiles
 
         lane = tid & 31
         store_acc(acc, smem, pad + uint32((lane & 3) * 2 * EPI_ROW + wrow * 4), uint32(EPI_ROW))
         cuda.syncthreads()
+        splits = cuda.gridDim.y
         for it in range(ba * per_row // TPB):
             e = tid + TPB * it
             r = e // per_row
@@ -224,28 +238,32 @@ def _kernel(ba: int):
             n = n0 + 4 * c4
             if m < m_rows and n < n_rows:
                 v0, v1, v2, v3 = sm90.ld_shared_v4_f32(smem, pad + uint32(r * EPI_ROW + c4 * 16))
-                if accumulate:
-                    v0 += out[m, n]
-                    v1 += out[m, n + 1]
-                    v2 += out[m, n + 2]
-                    v3 += out[m, n + 3]
-                sm90.st_global_v4_f32(out, m * n_rows + n, v0, v1, v2, v3)
+                if splits > 1:                                   # _sum_splits adds the parts (and out)
+                    sm90.st_global_v4_f32(part, (split * m_rows + m) * n_rows + n, v0, v1, v2, v3)
+                else:
+                    if accumulate:
+                        v0 += out[m, n]
+                        v1 += out[m, n + 1]
+                        v2 += out[m, n + 2]
+                        v3 += out[m, n + 3]
+                    sm90.st_global_v4_f32(out, m * n_rows + n, v0, v1, v2, v3)
 
     return kernel
 
 
-# time per activation row of a tile, relative to BA = 256 (H200, 2026-12-01: a 128-row tile converts each
-# weight for half as many products and keeps the tensor cores busy for half as long per stage)
-_ROW_COST = {256: 1.0, 192: 1.05, 128: 1.35}
-
-
-def _choose_ba(m: int, n: int, n_sm: int) -> int:
-    """The activation tile with the least predicted time: waves of CTAs (ceil(tiles / SMs)) times the time
-    of one tile. 256 unless the grid would leave SMs idle in its last wave (small M or N)."""
-    def cost(ba):
-        tiles = -(-m // ba) * -(-n // BW)
-        return -(-tiles // n_sm) * ba * _ROW_COST[ba]
-    return min(_ROW_COST, key=cost)
+@cached_jit()
+def _sum_splits(part, out, splits, accumulate):
+    """out[m, n] (+)= part[0, m, n] + part[1, m, n] + ... in split order (the same sum on every run).
+    part: [splits * M * N] f32, out: [M, N] f32; grid (ceil(M * N / 256),), block (256,)."""
+    i = cuda.grid(1)
+    m_rows, n_rows = out.shape
+    if i < m_rows * n_rows:
+        m = i // n_rows
+        n = i - m * n_rows
+        acc = out[m, n] if accumulate else np.float32(0.0)
+        for z in range(splits):
+            acc += part[z * m_rows * n_rows + i]
+        out[m, n] = acc
 
 
 _WS_BITS: dict = {}                    # id(ws) -> (ws, its flat uint16 view): one view per weight matrix
@@ -260,25 +278,37 @@ def _scale_bits(ws):
     return hit[1]
 
 
-def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = None, stream=0) -> None:
+def gemm_w8a16(wq, ws, xh, out, *, accumulate: bool = False, ba: int | None = None, splits: int | None = None,
+               split_ws=None, stream=0) -> None:
     """out (+)= xh · float16(wq · ws)ᵀ on sm_90 tensor cores.
 
     wq: [N, K] int8, ws: [N, K/32] float16, xh: [M, K] float16 in fragment order
     (q8.ref.to_fragment_order), out: [M, N] float32 (written, or added to with accumulate=True).
-    K % 32 == 0 and N % 4 == 0. ``ba`` forces the activation tile (256 or 128 rows)."""
+    K % 32 == 0 and N % 4 == 0. split_ws: float32 [>= split_ws_floats(SMs)] device workspace; with it a grid
+    that would leave SMs idle splits K (plan()), without it K is never split. ``ba`` forces the activation
+    tile (one of STAGE_COST), ``splits`` the number of K splits (more than one needs split_ws)."""
     m, k = xh.shape
     n = wq.shape[0]
     if wq.shape[1] != k or k % QK or tuple(ws.shape) != (n, k // QK) or tuple(out.shape) != (m, n) or n % 4:
         raise ValueError(f"gemm_w8a16 shapes: wq {tuple(wq.shape)}, ws {tuple(ws.shape)}, xh {tuple(xh.shape)}, "
                          f"out {tuple(out.shape)} (need K % 32 == 0, N % 4 == 0)")
+    if ba is not None and ba not in STAGE_COST:
+        raise ValueError(f"ba must be one of {sorted(STAGE_COST)}, not {ba}")
     if m == 0:
         return
-    ba = ba or _choose_ba(m, n, sm_count())
-    if ba not in _ROW_COST:
-        raise ValueError(f"ba must be one of {sorted(_ROW_COST)}, not {ba}")
+    room = 0 if split_ws is None else split_ws.shape[0] // (m * n)
+    if splits is not None and splits > max(room, 1):
+        raise ValueError(f"{splits} K splits of a [{m}, {n}] output need a split_ws of {splits * m * n} floats"
+                         f" (have {0 if split_ws is None else split_ws.shape[0]})")
+    ba, planned = plan(m, n, k, sm_count(), max(room, 1), ba)
+    n_k = -(-k // BK)
+    per_split = -(-n_k // (splits or planned))
+    splits = -(-n_k // per_split)                    # no empty split
     kernel = _kernel(ba)
-    args = (wq, _scale_bits(ws), xh, out, 1 if accumulate else 0)
+    part = out.reshape(-1) if split_ws is None else split_ws    # unused with one split
+    args = (wq, _scale_bits(ws), xh, out, part, 1 if accumulate else 0, per_split)
     nbytes = smem_bytes(ba)
     allow_dynamic_smem(kernel, args, nbytes)
-    grid = -(-m // ba) * -(-n // BW)
-    kernel[grid, TPB, stream, nbytes](*args)
+    kernel[(-(-m // ba) * -(-n // BW), splits), TPB, stream, nbytes](*args)
+    if splits > 1:
+        _sum_splits[-(-m * n // 256), 256, stream](split_ws, out, splits, 1 if accumulate else 0)
