@@ -91,10 +91,10 @@ def test_plan_fills_the_gpu():
     assert plan(512, 10240, 4096, 132) == (192, 1)     # 240 tiles of 192 in 2 waves, not 320 of 128 in 3
     # 128 rows of the 9B's down projection: 32 tiles of 192 stages; split 4 ways they fill 128 SMs
     assert plan(128, 4096, 12288, 132, room // (128 * 4096)) == (128, 4)
-    assert plan(128, 4096, 12288, 132) == (32, 1)      # no workspace: no split, 4 row tiles fill the SMs
-    ba, splits = plan(2, 4096, 4096, 132, room // (2 * 4096))
-    assert ba == 32 and 4 <= splits <= 8
-    assert plan(2, 4096, 4096, 132, 8, ba=128)[0] == 128
+    assert plan(128, 4096, 12288, 132)[1] == 1          # no workspace: no split
+    assert plan(2, 4096, 4096, 132, room // (2 * 4096)) == (32, 4)
+    assert plan(2, 24576, 4096, 132, room // (2 * 24576)) == (32, 1)   # 192 CTAs fill the SMs already
+    assert plan(2, 4096, 4096, 132, 8, ba=128) == (128, 4)
 
 
 def test_fragment_order_puts_each_lanes_weight_bytes_together():
