@@ -1,12 +1,14 @@
 """Decode attention over the 3/4-bit cache (kernels/kvq/decode.py) against kvq/ref.py's
 attention_rotated_ref on the same codes: the kernel sums in float32 what the reference sums in float64, so
 outputs agree to float32 rounding of O(L) terms (2e-5 of the output's scale here)."""
+import os
+
 import numpy as np
 import pytest
 
 from ninfer_numba.kernels.kvq import ref
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
+from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, chunk_tokens, kvq_attention_decode
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 
 needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
@@ -43,8 +45,9 @@ def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng):
 @needs_sim_or_gpu
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
 def test_decode_tiny(k_bits, v_bits):
-    """GQA 2 query heads per KV head, 13 cached tokens: of 3 splits one runs (splits are whole steps of the
-    block's warps), three of its four warps without keys."""
+    """GQA 2 query heads per KV head (chunks of 8 tokens), 13 cached tokens: of 3 splits one runs (splits
+    are whole steps of the block's warps' chunks), two of its four warps without keys and one with a chunk
+    cut at kv_len."""
     check_decode(H=4, Hkv=2, d=32, L=13, max_seq=20, k_bits=k_bits, v_bits=v_bits, n_splits=3,
                  rng=np.random.default_rng(k_bits * 10 + v_bits))
 
@@ -70,6 +73,54 @@ def test_decode_wide_heads(d):
     each) as well as across lanes; 150 tokens in 2 splits."""
     check_decode(H=4, Hkv=2, d=d, L=150, max_seq=160, k_bits=3, v_bits=3, n_splits=2,
                  rng=np.random.default_rng(d))
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("H,Hkv,L", [(2, 2, 45), (12, 2, 29), (16, 1, 11)], ids=["G1", "G6", "G16"])
+def test_decode_chunk_sizes(H, Hkv, L):
+    """The lanes' score butterfly at every chunk size: 8 tokens (G = 1: three scattering steps, the last
+    chunk 5 tokens), 2 (G = 6, as the 27B: one step, then four plain ones), 1 (G = 16: plain sums only)."""
+    assert [chunk_tokens(H // Hkv) for H, Hkv, _ in [(2, 2, 0), (12, 2, 0), (16, 1, 0)]] == [8, 2, 1]
+    check_decode(H=H, Hkv=Hkv, d=32, L=L, max_seq=L + 3, k_bits=3, v_bits=4, n_splits=2,
+                 rng=np.random.default_rng(H * 100 + L))
+
+
+LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
+
+
+@pytest.mark.skipif(SIMULATOR or gpu_available() or not os.path.exists(LIBDEVICE),
+                    reason="offline PTX check: needs NVVM + libdevice and no GPU (a GPU runs the real tests)")
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
+def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits):
+    """The 9B's partial compiles to sm_90a PTX without a device (reference/numba-cuda.md §7, test-only
+    patches of numba internals) with no local memory: queries, scores and accumulators stay in registers
+    and the codebook lookups are shared loads."""
+    import types as pytypes
+
+    import numba.cuda.cudadrv.nvrtc as nvrtc_mod
+    import numba.cuda.cudadrv.nvvm as nvvm_mod
+    import numba.cuda.dispatcher as dispatcher_mod
+    from numba import types
+
+    from ninfer_numba.kernels.kvq import decode
+    monkeypatch.setattr(dispatcher_mod, "get_current_device",
+                        lambda: pytypes.SimpleNamespace(compute_capability=(9, 0)))
+    monkeypatch.setattr(nvrtc_mod.config, "FORCE_CUDA_CC", (9, 0, "a"))
+    monkeypatch.setattr(nvvm_mod, "get_libdevice", lambda: LIBDEVICE)
+    monkeypatch.setattr(nvvm_mod, "open_libdevice", lambda: open(LIBDEVICE, "rb").read())
+    partial, _ = decode._kernels(16, 4, 256, k_bits, v_bits, 128, True)
+
+    def arr(dt, n):
+        return types.Array(dt, n, "C")
+    f32 = types.float32
+    sig = (arr(types.float16, 2), arr(types.uint32, 1), arr(types.uint16, 2), arr(types.uint32, 1),
+           arr(types.uint16, 2), arr(types.int32, 1), arr(f32, 1), arr(f32, 1), arr(f32, 1), arr(f32, 1),
+           arr(f32, 3), arr(f32, 3), arr(types.uint16, 1), arr(types.uint16, 1))
+    ptx, _ = cuda.compile_ptx(partial.py_func, sig, cc=(9, 0, "a"), launch_bounds=(decode.TPB, 4))
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert ptx.count("ld.shared.f32") >= 2 * 8 * chunk_tokens(4)      # a table load per code of a chunk
+    assert ptx.count("fma.rn.f32") >= 2 * 8 * 4 * chunk_tokens(4)     # G FMAs per key and value code
 
 
 @pytest.mark.gpu

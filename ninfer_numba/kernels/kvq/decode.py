@@ -3,17 +3,22 @@ one query token): no cached vector is ever rotated back.
 
 Split-K over the cached tokens, two kernels on one stream:
   partial  grid (n_splits, Hkv), NW warps: one block serves the G query heads of its KV head, so each coded
-           row is read and unpacked once for all of them. A split is a whole number of STEP = 32·NW keys
-           (split_range_len), so at short depths fewer splits run and no warp idles; the splits past kv_len
-           return at once. The warps rotate the G queries by the keys' rotation (signs, Walsh-Hadamard
-           butterflies in registers and by shuffles: no block barrier). Each warp takes tiles of 32
-           consecutive tokens of the split (tiles w, w + NW, ...): the tile's key and value rows, contiguous
-           in the cache, are copied into the warp's shared memory with coalesced word loads; then
-             scores   lane r owns token r: (q_rot · level[c]) · n / d^1.5 for the G heads, its codes read
-                      word by word from its shared row (rows padded to an odd stride: no bank conflicts);
-             softmax  per head, online across the warp's tiles (max and sum by shuffles);
-             values   lane l owns coordinates 8l .. 8l + 7: for each token of the tile, its 8 codes (one
-                      24- or 32-bit group of the shared row), weights p · n_v / sqrt(d) from the token's lane.
+           row is read and unpacked once for all of them. A split is a whole number of STEP = CH·NW keys
+           (split_range_len); the splits past kv_len return at once. The warps rotate the G queries by the
+           keys' rotation (signs, Walsh-Hadamard butterflies in registers and by shuffles); then every lane
+           keeps, in registers, the rotated queries at the 8 coordinates it owns: lane l owns coordinates
+           8l .. 8l + 7, which are code group l of every key and value row (one 24-bit group at 3 bits, one
+           word at 4). Each warp takes chunks of CH consecutive tokens (chunks w, w + NW, ...):
+             loads    per token the one or two words holding my group, straight from global memory into
+                      registers (a warp's load of one row is 96 or 128 contiguous bytes); no shared staging
+             scores   per token and head, my 8 coordinates' share of q_rot · level[c] (levels from an 8- or
+                      16-entry table in shared memory); the 32 lanes' shares are summed by a butterfly that
+                      scatters the CH tokens over the lanes (log2 CH halving steps, then plain steps), so
+                      lane l ends with the G full scores of token l >> (5 - log2 CH) at ~1 shuffle per score
+             softmax  per head, online across the warp's chunks (max and sum by shuffles over the token
+                      bits of the lane; the accumulator is rescaled only when the maximum grows)
+             values   for each token of the chunk, its G weights p · n_v / sqrt(d) by shuffle from the
+                      token's lanes, then 8 levels × G FMAs into my coordinates' accumulators
            The warps' (max, sum, accumulator) are merged in shared memory into the split's partial, which
            the warps rotate back by the values' rotation (linear, so the rotation of each split's partial
            sums to the rotation of the merged output) and written with its maximum in the log2 domain.
@@ -22,6 +27,11 @@ Split-K over the cached tokens, two kernels on one stream:
            maximum and sum, then the partials in dependent steps: ~17 µs per call at any depth.)
 The output is the attention of the head before the model's output gate, as flash_attn.decode's partials
 are before theirs.
+
+Why this shape (issue 14): the kernel reads ~196 B per (token, KV head) at k3v3 and is bound by the
+instructions per code, not by bytes. The previous partial copied each 32-token tile to shared memory, gave a
+lane a whole token and read the G rotated queries from shared memory for every code (G + 1 shared loads per
+key code); here the queries sit in registers and a code costs one table load, its extraction and G FMAs.
 
 Buffers: q [H, d] f32 or f16 (roped, normed: the model's f16 query buffer); k_codes, v_codes
 [Hkv, max_seq, d·bits/8] uint8 (read as uint32 words); k_norms, v_norms [Hkv, max_seq] uint16 (float16
@@ -41,13 +51,21 @@ from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combin
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32, syncwarp
-from ninfer_numba.kernels.reduce import row_max_f32, row_sum_f32
+from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32
 
 NW = 4                      # warps per partial block
 TPB = 32 * NW
-STEP = 32 * NW              # a split's keys are whole multiples of this: every warp has a tile
 NEG_INF = float32(-np.inf)
+
+
+def chunk_tokens(G: int) -> int:
+    """Tokens a warp scores at once: the largest power of two <= 8 with CH·G <= 16, so the CH·G partial
+    scores of a chunk fit in registers beside the 8·G queries and the 8·G accumulators of a lane (at G = 4:
+    32 + 32 + 16 of the 128 registers the occupancy target allows)."""
+    ch = 8
+    while ch > 1 and ch * G > 16:
+        ch //= 2
+    return ch
 
 
 @cuda.jit(device=True, inline=True)
@@ -70,17 +88,14 @@ def warp_fwht(x, V, lane):
         m *= 2
 
 
-def partial_smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
-    """(offsets of the rotated queries, codebooks, warp maxima and sums, tiles; total words) of the partial
-    kernel's dynamic shared memory. A warp's tile: 32 key rows at odd stride WK + 1, 32 value rows at WV and
-    one spare word (the last lane's 24-bit group may read one word past its row); after the loop the tile
-    region holds the warps' accumulators [NW, G, d] for the merge."""
-    WK, WV = d * k_bits // 32, d * v_bits // 32
-    tile = 32 * (WK + 1) + 32 * WV + 1
-    off_l = G * d
-    off_ml = off_l + 32
-    off_t = off_ml + 2 * NW * G
-    return off_l, off_ml, off_t, tile, off_t + max(NW * tile, NW * G * d)
+def partial_smem_words(G: int, d: int) -> tuple[int, ...]:
+    """(offsets of the rotated queries, warp maxima and sums, warp accumulators; total words) of the partial
+    kernel's dynamic shared memory (the codebooks are a static array). The queries [G, d] are read once into
+    registers; the warps' accumulators [NW, G, d] are written after the main loop for the merge."""
+    off_q = 0
+    off_ml = off_q + G * d
+    off_a = off_ml + 2 * NW * G
+    return off_q, off_ml, off_a, off_a + NW * G * d
 
 
 @lru_cache(maxsize=None)
@@ -89,14 +104,18 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
     G = H // Hkv
     V = d // 32                  # coordinates of a row per lane in the warp-held rotations
-    LANES = d // 8               # lanes holding value coordinates (8 each)
-    ACC = 8 * G                  # accumulator words of a lane (array sizes must be plain constants)
+    LANES = d // 8               # lanes owning a code group (8 coordinates) of every row
+    R8 = 8 * G                   # a lane's query / accumulator registers [head, coordinate 8·lane + k]
+    CH = chunk_tokens(G)
+    LG = CH.bit_length() - 1     # log2 CH: the butterfly's token-scattering steps
+    TSH = 5 - LG                 # after them, lane l holds the scores of chunk token l >> TSH
+    PS = CH * G                  # a lane's partial scores [token, head]
+    STEP = CH * NW               # a split's keys are whole multiples of this: every warp has a chunk
     WK = d * k_bits // 32        # words of a coded key row
     WV = d * v_bits // 32
-    KS = WK + 1                  # key row stride in shared memory (odd)
-    OFF_L, OFF_ML, OFF_T, TILE, _ = partial_smem_words(G, d, k_bits, v_bits)
+    OFF_Q, OFF_ML, OFF_A, _ = partial_smem_words(G, d)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
-    SCORE = float32(1.0 / d ** 1.5)
+    SCORE = float32(LOG2E / d ** 1.5)           # scores in the log2 domain: p = 2^(s - m)
     KMASK = uint32((1 << k_bits) - 1)
     VMASK = uint32((1 << v_bits) - 1)
     f0 = float32(0.0)
@@ -104,40 +123,27 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
     @cuda.jit(device=True, inline=True)
-    def dot8(smem, bits, i0, dots):
-        """dots[g] += Σ_k q_rot[g, i0 + k] · level_k[code k of bits] for the 8 codes packed in bits."""
-        for k in range(8):
-            lvl = smem[uint32(OFF_L) + ((bits >> uint32(k_bits * k)) & KMASK)]
-            for g in range(G):
-                dots[g] += smem[i0 + uint32(g * d + k)] * lvl
-
-    @cuda.jit(device=True, inline=True)
-    def key_dots(smem, smem_u, row, dots):
-        """The G raw dot products of the coded key row at smem_u[row:] with the rotated queries. Shared-memory
-        indices are uint32 throughout this loop: a signed index costs the negative-index wrap on every access
-        (1,498 IMAD against 279 FFMA in the first build's SASS)."""
-        for g in range(G):
-            dots[g] = f0
-        if k_bits == 4:
-            for x in range(WK):                           # one word: 8 codes
-                dot8(smem, smem_u[row + uint32(x)], uint32(8 * x), dots)
-        else:
-            for x in range(WK // 3):                      # three words: four 24-bit groups of 8 codes
-                w0 = smem_u[row + uint32(3 * x)]
-                w1 = smem_u[row + uint32(3 * x + 1)]
-                w2 = smem_u[row + uint32(3 * x + 2)]
-                i0 = uint32(32 * x)
-                dot8(smem, w0 & uint32(0xFFFFFF), i0, dots)
-                dot8(smem, (w0 >> uint32(24)) | ((w1 & uint32(0xFFFF)) << uint32(8)), i0 + uint32(8), dots)
-                dot8(smem, (w1 >> uint32(16)) | ((w2 & uint32(0xFF)) << uint32(16)), i0 + uint32(16), dots)
-                dot8(smem, w2 >> uint32(8), i0 + uint32(24), dots)
+    def group_bits(words, row, W, bits, grp):
+        """The 8·bits code bits of group grp of coded row ``row`` (words of W per row), low code first. At 3
+        bits group g is bits 24g .. 24g + 23: in word 3g/4 alone when 24g % 32 <= 8, else across it and the
+        next one (clamped inside the row: that word is then unused, and the last row has no word after)."""
+        base = row * uint32(W)
+        if bits == 4:
+            return words[base + grp]
+        wa = (uint32(3) * grp) >> uint32(2)
+        wb = min(wa + uint32(1), uint32(W - 1))
+        sh = uint64((uint32(24) * grp) & uint32(31))
+        return uint32(((uint64(words[base + wb]) << uint64(32)) | uint64(words[base + wa])) >> sh)
 
     @cached_jit(**occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
-                part_ml):
-        # k_words [Hkv·max_seq·WK], v_words [Hkv·max_seq·WV] uint32 (flat views of the coded caches)
+                part_ml, k_flat, v_flat):
+        # k_words [Hkv·max_seq·WK], v_words [Hkv·max_seq·WV] uint32 (flat views of the coded caches);
+        # k_flat, v_flat [Hkv·max_seq] uint16: the norms flat (k_norms gives max_seq)
         smem = cuda.shared.array(0, float32)
-        smem_u = cuda.shared.array(0, uint32)             # the same bytes (dynamic arrays alias)
+        # the codebooks (keys at 0, values at 16) in a static array: its address is a link-time constant,
+        # so a code's table load is one LDS with an immediate offset (the dynamic array's base is a register)
+        s_lvl = cuda.shared.array(32, float32)
         split = cuda.blockIdx.x
         hk = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -155,72 +161,103 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 rot[k] = float32(q[hk * G + g, i]) * k_signs[i]
             warp_fwht(rot, V, lane)
             for k in range(V):
-                smem[g * d + V * lane + k] = rot[k]
+                smem[OFF_Q + g * d + V * lane + k] = rot[k]
         if tid < 16:
-            smem[OFF_L + tid] = k_levels[tid] if tid < k_levels.shape[0] else f0
-            smem[OFF_L + 16 + tid] = v_levels[tid] if tid < v_levels.shape[0] else f0
+            s_lvl[tid] = k_levels[tid] if tid < k_levels.shape[0] else f0
+            s_lvl[16 + tid] = v_levels[tid] if tid < v_levels.shape[0] else f0
         cuda.syncthreads()
-        dots = cuda.local.array(G, float32)
-        m = cuda.local.array(G, float32)
+        # my code group; lanes past LANES (d < 256) mirror the last group with zero queries, so they add
+        # nothing to the scores, and their accumulators are never written
+        grp = uint32(min(lane, LANES - 1))
+        r_q = cuda.local.array(R8, float32)               # [G, 8] rotated queries at my coordinates
+        for g in range(G):
+            for k in range(8):
+                r_q[8 * g + k] = smem[OFF_Q + g * d + 8 * grp + k] if lane < LANES else f0
+        m = cuda.local.array(G, float32)                  # running maximum (log2 domain), same in all lanes
         lsum = cuda.local.array(G, float32)
-        pv = cuda.local.array(G, float32)
-        acc = cuda.local.array(ACC, float32)             # [head, coordinate 8·lane + k]
+        acc = cuda.local.array(R8, float32)               # [G, 8] unnormalised output at my coordinates
+        part = cuda.local.array(PS, float32)              # [CH, G] my share of the chunk's scores
+        v_bits_t = cuda.local.array(CH, uint32)           # the chunk's value code groups (mine)
+        pv = cuda.local.array(G, float32)                 # weights p · n_v / sqrt(d) of my chunk token
         lv = cuda.local.array(8, float32)                 # a value row's levels at my coordinates
         for g in range(G):
             m[g] = NEG_INF
             lsum[g] = f0
-        for x in range(ACC):
+        for x in range(R8):
             acc[x] = f0
         j_end = min(n_kv, (split + 1) * per)
-        t_base = OFF_T + w * TILE
-        v_base = t_base + 32 * KS
-        for t0 in range(split * per + 32 * w, j_end, 32 * NW):    # warp-uniform
-            nk = min(32, j_end - t0)
-            row0 = hk * max_seq + t0
-            for x in range(WK):                           # the tile's key rows, coalesced
-                e = lane + 32 * x
-                if e < nk * WK:
-                    smem_u[uint32(t_base + e + e // WK)] = k_words[uint32(row0 * WK + e)]
-            for x in range(WV):
-                e = lane + 32 * x
-                if e < nk * WV:
-                    smem_u[uint32(v_base + e)] = v_words[uint32(row0 * WV + e)]
-            kn = f0
-            vn = f0
-            if lane < nk:
-                kn, _ = h2_to_f32(uint32(k_norms[hk, t0 + lane]))
-                vn, _ = h2_to_f32(uint32(v_norms[hk, t0 + lane]))
-            syncwarp()
-            key_dots(smem, smem_u, uint32(t_base + lane * KS), dots)
-            for g in range(G):                            # online softmax of head g over this tile
-                score = dots[g] * kn * SCORE if lane < nk else NEG_INF
-                m_new = max(m[g], row_max_f32(score, 32))
-                alpha = math.exp(m[g] - m_new)
-                p = math.exp(score - m_new)
-                lsum[g] = lsum[g] * alpha + row_sum_f32(p, 32)
-                m[g] = m_new
-                pv[g] = p * vn * INV_SQRT_D
-                for k in range(8):
-                    acc[8 * g + k] *= alpha
-            sh = uint64((v_bits * 8 * lane) & 31)          # my 8 value codes: bits 8·vb·lane.. of a row
-            wi = (v_bits * 8 * lane) >> 5
-            for r in range(nk):
-                if lane < LANES:
-                    rw = uint32(v_base + r * WV + wi)
-                    bits = uint32(((uint64(smem_u[rw + uint32(1)]) << uint64(32)) | uint64(smem_u[rw])) >> sh)
-                    for k in range(8):
-                        lv[k] = smem[uint32(OFF_L + 16) + ((bits >> uint32(v_bits * k)) & VMASK)]
+        # row arithmetic in uint32 (rows < Hkv·max_seq < 2^32): int64 indices cost a 64-bit add chain and
+        # a clamp in two halves per load
+        row0 = uint32(hk * max_seq)
+        last = row0 + uint32(j_end - 1)
+        t_mine = lane >> TSH
+        for c0 in range(split * per + CH * w, j_end, CH * NW):    # warp-uniform
+            r_c = row0 + uint32(c0)
+            # tokens past j_end (the split's last chunk) load the last row and are masked below
+            for t in range(CH):
+                row = min(r_c + uint32(t), last)
+                kb = group_bits(k_words, row, WK, k_bits, grp)
+                v_bits_t[t] = group_bits(v_words, row, WV, v_bits, grp)
                 for g in range(G):
-                    pr = shfl_idx_f32(pv[g], r)
-                    if lane < LANES:
-                        for k in range(8):
-                            acc[8 * g + k] += pr * lv[k]
-            syncwarp()                      # the tile is read: the next one may overwrite it
-        cuda.syncthreads()                                # tiles dead: the region holds [NW, G, d] now
+                    part[t * G + g] = f0
+                for k in range(8):
+                    lvl = s_lvl[(kb >> uint32(k_bits * k)) & KMASK]
+                    for g in range(G):
+                        part[t * G + g] += r_q[8 * g + k] * lvl
+            tok = min(r_c + uint32(t_mine), last)
+            kn, _ = h2_to_f32(uint32(k_flat[tok]))
+            vn, _ = h2_to_f32(uint32(v_flat[tok]))
+            # butterfly over the 32 lanes' shares: step s pairs token slots j and j + n/2 of lanes 16 >> s
+            # apart, each lane keeping the half its lane bit selects (the slot order follows the bit)
+            n = CH
+            mask = 16
+            for _ in range(LG):
+                n //= 2
+                upper = lane & mask != 0
+                for j in range(n):
+                    for g in range(G):
+                        lo = part[j * G + g]
+                        hi = part[(j + n) * G + g]
+                        part[j * G + g] = (hi if upper else lo) + shfl_xor_f32(lo if upper else hi, mask)
+                mask >>= 1
+            while mask > 0:                               # the lanes of one token: plain sums
+                for g in range(G):
+                    part[g] += shfl_xor_f32(part[g], mask)
+                mask >>= 1
+            valid = c0 + t_mine < j_end
+            for g in range(G):                            # online softmax of head g over this chunk
+                score = part[g] * kn * SCORE if valid else NEG_INF
+                mx = score
+                mk = 16
+                for _ in range(LG):
+                    mx = max(mx, shfl_xor_f32(mx, mk))
+                    mk >>= 1
+                if mx > m[g]:                             # warp-uniform: every lane holds the same maxima
+                    alpha = math.exp2(m[g] - mx)
+                    lsum[g] *= alpha
+                    for k in range(8):
+                        acc[8 * g + k] *= alpha
+                    m[g] = mx
+                p = math.exp2(score - m[g])
+                ps = p
+                mk = 16
+                for _ in range(LG):
+                    ps += shfl_xor_f32(ps, mk)
+                    mk >>= 1
+                lsum[g] += ps
+                pv[g] = p * vn * INV_SQRT_D if valid else f0    # p is 0 there: keep a stray NaN norm out
+            for t in range(CH):
+                bits = v_bits_t[t]
+                for k in range(8):
+                    lv[k] = s_lvl[uint32(16) + ((bits >> uint32(v_bits * k)) & VMASK)]
+                for g in range(G):
+                    pr = shfl_idx_f32(pv[g], t << TSH)
+                    for k in range(8):
+                        acc[8 * g + k] += pr * lv[k]
         if lane < LANES:
             for g in range(G):
                 for k in range(8):
-                    smem[OFF_T + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
+                    smem[OFF_A + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
         if lane == 0:
             for g in range(G):
                 smem[OFF_ML + 2 * (w * G + g)] = m[g]
@@ -237,17 +274,17 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             for u in range(NW):
                 mu = smem[OFF_ML + 2 * (u * G + g)]
                 if mu != NEG_INF:
-                    f = math.exp(mu - mm)
-                    o += smem[OFF_T + (u * G + g) * d + i] * f
+                    f = math.exp2(mu - mm)
+                    o += smem[OFF_A + (u * G + g) * d + i] * f
                     ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
-            smem[OFF_T + g * d + i] = o
+            smem[OFF_A + g * d + i] = o
             if i == 0:
-                part_ml[split, hk * G + g, 0] = mm * float32(LOG2E)
+                part_ml[split, hk * G + g, 0] = mm
                 part_ml[split, hk * G + g, 1] = ll
         cuda.syncthreads()
         for g in range(w, G, NW):                         # the values' rotation back, per split, by warps
             for k in range(V):
-                rot[k] = smem[OFF_T + g * d + V * lane + k]
+                rot[k] = smem[OFF_A + g * d + V * lane + k]
             warp_fwht(rot, V, lane)
             for k in range(V):
                 i = V * lane + k
@@ -278,11 +315,12 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     Hkv = k_codes.shape[0]
     gated = proj is not None
     partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
-    nbytes = 4 * partial_smem_words(H // Hkv, d, k_tables.bits, v_tables.bits)[-1]
+    nbytes = 4 * partial_smem_words(H // Hkv, d)[-1]
     if "partial" in kernels:
         partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
             q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
-            v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml)
+            v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml, k_norms.reshape(k_norms.size),
+            v_norms.reshape(v_norms.size))
     if "combine" in kernels:                  # the f16 cache's combine, for a batch of one row
         combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
                                                           ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
