@@ -3,7 +3,8 @@
 #   STAGE=follow: for each of SHAPES (default "0.8b 9b"; the 9b pair may need a call of its own) the files from
 #               both block-scale generators (varied, one), then the tie-following reference
 #               (benchmarks/e2e/gpu_vs_reference.py, tie-following part only) on each, one at a time with the
-#               machine to itself (beside llama.cpp's build they did not finish: session 16)
+#               machine to itself (beside llama.cpp's build they did not finish: session 16); PARALLEL=1 runs
+#               the two generators' files at once (the reference dequantizes each layer per call, one thread)
 #   STAGE=gate: llama.cpp's build (carry .cache/llama.cpp/src) and the files in the background; llama.cpp as a
 #               gate (benchmarks/llamacpp_logits.py --gate): its GPU test (tiny F32 and F16 files, 0.8b Q8_0
 #               from both generators) and the figures on the 9b Q8_0 files and the 0.8b F16 / F32 files
@@ -28,9 +29,13 @@ case "${STAGE:-gate}" in
 follow)
   for shape in ${SHAPES:-0.8b 9b}; do for scales in varied one; do model $shape $scales q8_0; done; done
   say "files: $(ls models | tr '\n' ' ')"
-  for shape in ${SHAPES:-0.8b 9b}; do for scales in varied one; do
-    follow $(( $(left) < 300 ? $(left) : 300 )) 16 $shape $scales
-  done; done
+  for shape in ${SHAPES:-0.8b 9b}; do
+    if [ -n "${PARALLEL:-}" ]; then      # both generators at once, 8 BLAS threads each (much of the
+      for scales in varied one; do follow $(( $(left) - 5 )) 8 $shape $scales & done; wait   # reference is one thread)
+    else
+      for scales in varied one; do follow $(( $(left) < 300 ? $(left) : 300 )) 16 $shape $scales; done
+    fi
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 gate)
