@@ -10,7 +10,7 @@ row and every per-row kernel is independent of the others, so what the spare row
 
 A sequence enters with ``reset(s)`` (or ``restore(s, snapshot)``) and ``prefill(s, ids)``. Given the CUDA
 runner, a prefill runs on a staging state through the runner's chunks and captured prefill graphs
-(cuda_runner.chunk_lengths: a short prompt in power-of-two pieces, lengths that recur), between two copies
+(cuda_runner.chunk_lengths: a short prompt in at most two pieces, lengths that recur), between two copies
 of the slot's rows and GDN states (engine/snapshot.copy_rows, replayed from a graph per slot and size): a
 128-token prompt run eagerly is ~400 numba launches, ~50 ms on the 9B. Without it, the model's chunked
 prefill on the slot's view, eagerly. ``step(slots, tokens)`` feeds each active sequence its input token and

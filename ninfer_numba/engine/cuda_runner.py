@@ -10,7 +10,7 @@ Prefill chunks (``prefill_graphs``, on by default): a chunk length runs eagerly 
 (PREFILL_GRAPHS lengths are kept, the least recently used dropped). At a 512-token prompt the ~500 Python
 launches of one forward take longer than the GPU's work; replayed, the GPU sets the pace. Long prompts go
 in chunks of prefill_chunk tokens, so every full chunk after the second is a replay; a rest of at most
-SPLIT_MAX tokens goes in power-of-two pieces (chunk_lengths), lengths that recur from prompt to prompt. A
+SPLIT_MAX tokens goes in at most two pieces (chunk_lengths), lengths that recur from prompt to prompt. A
 capture that fails (the driver refuses an operation inside it) leaves that length eager, with a notice on
 stderr.
 """
@@ -36,33 +36,29 @@ from ninfer_numba.kernels.pdl import programmatic_launches
 
 PREFILL_GRAPHS = 64                # prefill chunk lengths (per state) kept as captured graphs
 SPLIT_MAX = 256                    # a prompt's rest up to this many tokens goes in recurring pieces
-SPLIT_MIN = 16                     # the smallest power-of-two piece; below it, one piece of what is left
+SPLIT_STEP = 16                    # pieces: a multiple of this, then what is left below it
 
 
 def chunk_lengths(n: int, chunk: int, split: bool = True) -> list[int]:
     """The forwards an n-token prefill runs: whole chunks, then the rest. With split, a rest of at most
-    SPLIT_MAX tokens goes in power-of-two pieces down to SPLIT_MIN and one piece below it, lengths that recur
-    from prompt to prompt and so replay from captured graphs: a short forward run eagerly is bound by its
-    ~400 numba launches (~50 ms on the 9B for 128 tokens, H200), a replay by the GPU (a weight read, ~2 ms, per
-    piece). A longer rest runs as one forward, its GPU work hiding the launches."""
+    SPLIT_MAX tokens goes in two pieces, the largest multiple of SPLIT_STEP and what is left below it, lengths
+    that recur from prompt to prompt and so replay from captured graphs: a short forward run eagerly is bound
+    by its ~400 numba launches (~55-65 ms on the 9B, H200), a replay by the GPU, whose floor is the weight
+    read (9B, 2026-12-03: 9.3 ms for 2 tokens, 14.1 for 128, 16.0 for 256; benchmarks/NOTES.md, Session 18),
+    so fewer pieces beat shorter ones (power-of-two pieces, 128 + 16 + 6 for a rest of 150, cost ~33 ms where
+    144 + 6 costs ~24). A longer rest runs as one forward, its GPU work hiding the launches."""
     out = [chunk] * (n // chunk)
     rest = n - chunk * len(out)
     if not split or rest > SPLIT_MAX:
         return out + ([rest] if rest else [])
-    piece = 1 << (SPLIT_MAX.bit_length() - 1)
-    while rest >= SPLIT_MIN:
-        while piece > rest:
-            piece >>= 1
-        out.append(piece)
-        rest -= piece
-    return out + ([rest] if rest else [])
+    whole = rest - rest % SPLIT_STEP
+    return out + [p for p in (whole, rest - whole) if p]
 
 
 def piece_lengths() -> list[int]:
-    """Every length chunk_lengths cuts a short rest into: the powers of two SPLIT_MIN..SPLIT_MAX, and 1 to
-    SPLIT_MIN - 1 (warm_prefill captures them all)."""
-    powers = [1 << k for k in range(SPLIT_MIN.bit_length() - 1, SPLIT_MAX.bit_length())]
-    return powers + list(range(1, SPLIT_MIN))
+    """Every length chunk_lengths cuts a short rest into: the multiples of SPLIT_STEP up to SPLIT_MAX, and 1
+    to SPLIT_STEP - 1 (warm_prefill captures them all)."""
+    return list(range(SPLIT_STEP, SPLIT_MAX + 1, SPLIT_STEP)) + list(range(1, SPLIT_STEP))
 
 
 class CudaRunner:
@@ -264,7 +260,7 @@ class CudaRunner:
     def warm_prefill(self, st: SequenceState | None = None) -> float:
         """Every piece length of chunk_lengths (piece_lengths) run twice on st (default: the runner's own
         state), eagerly and then captured, so a short prompt or a chat turn's rest replays from its first
-        time; st is empty afterwards. A server calls this once at start (server/worker.py): 19 lengths, ~2 s.
+        time; st is empty afterwards. A server calls this once at start (server/worker.py): 31 lengths, ~3 s.
         Returns the wall seconds."""
         st = st or self.state
         if SIMULATOR or not self.engine.prefill_graphs:
