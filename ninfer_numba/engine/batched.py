@@ -53,7 +53,7 @@ class BatchedDecoder:
         self.pad = n_slots
         vocab = model.logits.shape[1]
         self._ws = [SampleWorkspace(vocab, stream=self.stream) for _ in range(n_slots)]   # one per row
-        self._pick = cuda.device_array(1, np.int32, stream=self.stream)                   # a prefill's pick
+        self._picks = cuda.device_array(n_slots, np.int32, stream=self.stream)            # [n_slots] prefills' picks
         self._host_in = cuda.pinned_array(n_slots, np.int32)        # [n_slots] the rows' input tokens
         self._host_out = cuda.pinned_array(n_slots, np.int32)       # [n_slots] their picks
         self._graphs: dict[int, CudaGraph] = {}
@@ -150,10 +150,49 @@ class BatchedDecoder:
                 m.buf.tokens[:len(part)].copy_to_device(part, stream=self.stream)
                 m.forward(len(part), view)
         self.states.adopt(s, view)
-        argmax(m.logits[0], self._pick, self._ws[0], stream=self.stream)
-        self._pick.copy_to_host(self._host_out[:1], stream=self.stream)
+        return self._read_picks(1)[0]
+
+    @property
+    def pack_room(self) -> tuple[int, int]:
+        """(sequences, tokens) one prefill_many takes at most."""
+        m = self.model
+        return min(self.n_slots, m.logits.shape[0]), m.buf.t_max
+
+    def prefill_many(self, items: list[tuple[int, list[int]]]) -> list[int]:
+        """Several slots' prompts (items [(slot, ids)], distinct slots) run in one forward on the slots
+        themselves (model.forward_packed: each matmul reads its weights once for all of them), eagerly: one
+        forward's ~400 launches plus a few per prompt, where prefill() replays a captured forward per prompt
+        and piece. Returns each one's greedy next token."""
+        slots = [s for s, _ in items]
+        n_seqs, n_tokens = self.pack_room
+        total = sum(len(ids) for _, ids in items)
+        if not 1 <= len(items) <= n_seqs or len(set(slots)) != len(slots) or total > n_tokens:
+            raise ValueError(f"{len(items)} prompts of {total} tokens in slots {slots}: at most {n_seqs} distinct"
+                             f" slots and {n_tokens} tokens")
+        for s, ids in items:
+            self._check_slot(s)
+            if not 1 <= len(ids) <= self.max_seq - 1 - self.states.host_pos[s]:
+                raise ValueError(f"{len(ids)} tokens after {self.states.host_pos[s]} in a slot of {self.max_seq}")
+        if self._pending is not None:
+            raise RuntimeError("prefill between launch() and collect(): collect the step first")
+        m = self.model
+        self._forget_rows()
+        m.tokens_owner = None
+        views = [self.states.view(s) for s in slots]
+        ids = np.concatenate([np.asarray(x, np.int32) for _, x in items])
+        m.buf.tokens[:total].copy_to_device(ids, stream=self.stream)
+        m.forward_packed([(v, len(x)) for v, (_, x) in zip(views, items)])
+        for s, v in zip(slots, views):
+            self.states.adopt(s, v)
+        return self._read_picks(len(items))
+
+    def _read_picks(self, n: int) -> list[int]:
+        """The greedy picks of logits rows 0..n-1 (a prefill's or a packed prefill's), read back."""
+        for j in range(n):
+            argmax(self.model.logits[j], self._picks[j:j + 1], self._ws[j], stream=self.stream)
+        self._picks[:n].copy_to_host(self._host_out[:n], stream=self.stream)
         self.stream.synchronize()
-        return int(self._host_out[0])
+        return self._host_out[:n].tolist()
 
     def _check_slot(self, s: int) -> None:
         if not 0 <= s < self.n_slots:

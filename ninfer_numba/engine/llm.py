@@ -93,7 +93,7 @@ class LLM:
         gemm = self.runner.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
         out = {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
                "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs,
-               "pdl": e.pdl}
+               "pdl": e.pdl, "pack_prompts": e.pack_prompts}
         plan = getattr(self.runner, "plan", None)
         if plan is not None:
             out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]
@@ -124,7 +124,7 @@ class LLM:
             raise ValueError(f"{refusal}: use one slot (--batch-slots 1)")
         from ninfer_numba.engine.batched import BatchedDecoder
         return Scheduler(BatchedDecoder(self.runner.model, n_slots, self.max_seq, pdl=e.pdl, runner=self.runner),
-                         self.prefix_cache)
+                         self.prefix_cache, pack=e.pack_prompts)
 
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

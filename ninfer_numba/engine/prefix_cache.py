@@ -49,6 +49,11 @@ class PrefixCache:
                 cuts.append(e)
         return sorted(set(cuts))
 
+    def peek(self, ids: Sequence[int]) -> int:
+        """The length longest() would restore (0 for none), without counting a hit or a miss."""
+        return next((n for n in sorted(self._lengths, reverse=True)
+                     if n < len(ids) and tuple(ids[:n]) in self._entries), 0)
+
     def longest(self, ids: Sequence[int]) -> tuple[int, Any] | None:
         """(n, snapshot) of the longest cached proper prefix ids[:n] (n < len(ids)), counted as a hit or a miss."""
         for n in sorted(self._lengths, reverse=True):

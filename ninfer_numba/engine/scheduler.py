@@ -1,8 +1,10 @@
 """Continuous batching of greedy sequences over the N slots of a slot decoder.
 
-``Scheduler.step()`` is one round: a sequence that waits is admitted into a free slot (one per step, so an
-admission delays the active sequences' next token by one prefill at most) and prefilled, which gives its first
-token; then every active sequence, the new one included, advances one token in one batched step; a sequence
+``Scheduler.step()`` is one round: a sequence that waits is admitted into a free slot and prefilled, which
+gives its first token (one per step, so an admission delays the active sequences' next token by one prefill at
+most; or, with a decoder that has ``prefill_many``, PACK_MIN or more waiting prompts at once in one packed
+forward, which reads the weights once for all of them); then every active sequence, the new ones included,
+advances one token in one batched step; a sequence
 whose token is a stop id or its max_tokens-th is retired and its slot freed. ``cancel`` retires one early (a
 client gone; a stop string matched, as "stop"). The scheduler is single-threaded: one thread adds, steps and
 cancels. A prompt's whole prefill runs in the step that admits it: a long one stalls the others that long.
@@ -12,6 +14,8 @@ A slot decoder holds n_slots sequences and picks greedily (the argmax of the raw
     n_slots, max_seq
     reset(s)                       slot s emptied for a new sequence
     prefill(s, ids) -> token       ids run after what slot s holds; the greedy next token
+    prefill_many([(s, ids)]) -> tokens, pack_room   optional: several slots' prompts in one forward, and the
+                                   (sequences, tokens) one such call takes at most
     step(slots, tokens) -> tokens  tokens[i] fed to slot slots[i] (distinct); each one's greedy next token
     launch(slots, tokens), collect() -> tokens   optional: step() in two halves, the GPU's work between them
     release(s)                     slot s's sequence is done (what it held may be freed)
@@ -29,6 +33,10 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
+
+# waiting prompts worth one packed forward: on the 9B (H200) a packed forward runs eagerly, ~60 ms of launches
+# plus ~1-2 ms per prompt, where one prompt's rest replays from graphs in ~25 ms (two pieces and two copies)
+PACK_MIN = 3
 
 
 @dataclass(eq=False)
@@ -49,9 +57,12 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, decoder: Any, prefix_cache: Any = None) -> None:
+    def __init__(self, decoder: Any, prefix_cache: Any = None, *, pack: bool = True) -> None:
+        """pack: admit several waiting prompts in one prefill_many when the decoder has it (LLM.scheduler
+        passes EngineConfig.pack_prompts)."""
         self.decoder = decoder
         self.prefix_cache = prefix_cache
+        self._pack = pack and hasattr(decoder, "prefill_many")
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
@@ -111,11 +122,9 @@ class Scheduler:
             made += [self._emit(q, t) for q, t in zip(live, self.decoder.collect()) if not q.finished]
         t1 = time.perf_counter()
         if self.waiting and None in self.slots:
-            seq = self.waiting.popleft()
-            seq.slot = self.slots.index(None)
-            self.slots[seq.slot] = seq
-            made.append(self._emit(seq, self._prefill(seq)))
-            self.counts["prefills"] += 1
+            admitted = self._admit()
+            made += [self._emit(q, t) for q, t in admitted]
+            self.counts["prefills"] += len(admitted)
         t2 = time.perf_counter()
         live = self.active
         if live:
@@ -137,18 +146,55 @@ class Scheduler:
         return (f"{steps} steps of {self.counts['rows'] / max(steps, 1):.1f} rows on average in "
                 f"{self.seconds['step']:.3f} s; {self.counts['prefills']} prefills in {self.seconds['prefill']:.3f} s")
 
+    def _admit(self) -> list[tuple[Sequence, int]]:
+        """Seat waiting sequences and prefill them: the longest run from the front of the line whose prompt
+        rests (after their cached prefixes) need no snapshot cut and fit one packed forward, if it holds at
+        least PACK_MIN and the decoder packs; else the first one alone. (sequence, first token) each."""
+        dec, cache = self.decoder, self.prefix_cache
+        pack = []
+        free = self.slots.count(None)
+        if self._pack and min(len(self.waiting), free) >= PACK_MIN:
+            most, room = dec.pack_room
+            for seq in self.waiting:
+                n = len(seq.prompt_ids)
+                start = cache.peek(seq.prompt_ids) if cache is not None else 0
+                if (len(pack) == min(most, free) or n - start > room
+                        or (cache is not None and cache.boundaries(start, n, seq.snapshot_at))):
+                    break
+                room -= n - start
+                pack.append(seq)
+        if len(pack) < PACK_MIN:
+            seq = self._seat(self.waiting.popleft())
+            return [(seq, self._prefill(seq))]
+        starts = [self._start(self._seat(self.waiting.popleft())) for _ in pack]
+        tokens = dec.prefill_many([(q.slot, q.prompt_ids[b:]) for q, b in zip(pack, starts)])
+        if cache is not None:
+            for q in pack:
+                cache.keep(q.prompt_ids, lambda s=q.slot: dec.snapshot(s))
+        return list(zip(pack, tokens))
+
+    def _seat(self, seq: Sequence) -> Sequence:
+        seq.slot = self.slots.index(None)
+        self.slots[seq.slot] = seq
+        return seq
+
+    def _start(self, seq: Sequence) -> int:
+        """Slot seq.slot emptied, or holding the longest cached prefix of the prompt; the tokens it holds."""
+        dec, s, cache = self.decoder, seq.slot, self.prefix_cache
+        hit = cache.longest(seq.prompt_ids) if cache is not None else None
+        if hit is None:
+            dec.reset(s)
+            return 0
+        start, snap = hit
+        dec.restore(s, snap)
+        seq.cached_tokens = start
+        return start
+
     def _prefill(self, seq: Sequence) -> int:
         """Slot seq.slot from the longest cached prefix of the prompt (or empty), then the rest of the prompt,
         split where the cache keeps snapshots; the greedy first token."""
         dec, s, ids, cache = self.decoder, seq.slot, seq.prompt_ids, self.prefix_cache
-        start = 0
-        hit = cache.longest(ids) if cache is not None else None
-        if hit is not None:
-            start, snap = hit
-            dec.restore(s, snap)
-            seq.cached_tokens = start
-        else:
-            dec.reset(s)
+        start = self._start(seq)
         cuts = cache.boundaries(start, len(ids), seq.snapshot_at) if cache is not None else []
         for b in cuts + [len(ids)]:
             token = dec.prefill(s, ids[start:b])

@@ -190,16 +190,48 @@ class Qwen35Gpu:
         matmul consumes (device [rows, K] int8 and [rows, K/32] scales, or [rows, K] float16 in fragment
         order and None on the W8A16 path; points "mixer_in", "mixer_out", "ffn_in", "down_in", then
         i = n_layer, "head"). Eager forwards only (never under graph capture)."""
-        self.tokens_owner = None
-        seen = act_tap or (lambda i, point, q, d: None)
-        c, b, s = self.c, self.buf, self.stream
+        b = self.buf
         # st a SlotRows: a batched decode step, row r one token of the sequence in slot st.slots[r]
         self._rows_step = isinstance(st, SlotRows)
         if self._rows_step and not (t == st.batch <= min(MAX_ROWS, b.t_max)):
             raise ValueError(f"a batched step of {t} rows over a {st.batch}-row batch (at most "
                              f"{min(MAX_ROWS, b.t_max)})")
-        step = 1 if self._rows_step else t                 # tokens each sequence gains
-        position.set_kv_len(st.pos, st.kv_len, step, stream=s)
+        x = self._layers(t, [(st, 0, t)], tap, act_tap)
+        if self.w.output is not None:
+            self._head(x[t - logits_rows:], logits_rows, act_tap)
+        self._advance([(st, 0, t)])
+
+    def forward_packed(self, parts: list[tuple[SequenceState, int]]) -> None:
+        """Several sequences' prompts in one forward: parts [(state, n)], their tokens one after another in
+        buf.tokens[:sum n], each run at its state's position. Every matmul reads its weights once for all of
+        them (a short prompt's forward is bound by that read: benchmarks/NOTES.md, Session 18); attention and
+        the Gated DeltaNet mixer run per part on its rows and its state. Part j's last row's logits land in
+        self.logits[j]."""
+        self._rows_step = False
+        rows, r0 = [], 0
+        for st, n in parts:
+            rows.append((st, r0, n))
+            r0 += n
+        t = r0
+        if not (parts and all(n >= 1 for _, n in parts) and t <= self.buf.t_max
+                and len(parts) <= self.logits.shape[0] and self.w.output is not None):
+            raise ValueError(f"packed parts of {[n for _, n in parts]} tokens: each at least 1, at most "
+                             f"{self.buf.t_max} in all, at most {self.logits.shape[0]} parts, a model with its head")
+        x = self._layers(t, rows, None, None)
+        last = self.buf.mat(self.buf.proj, len(parts), self.c.n_embd)       # [parts, E] each part's last row
+        for j, (_, r, n) in enumerate(rows):
+            last[j:j + 1].copy_to_device(x[r + n - 1:r + n], stream=self.stream)
+        self._head(last, len(parts), None)
+        self._advance(rows)
+
+    def _layers(self, t: int, parts: list, tap, act_tap):
+        """Embedding and every layer over buf.tokens[:t]; parts [(state, first row, rows)] (one, unless
+        packed). Returns the residual stream x [t, E]."""
+        self.tokens_owner = None
+        seen = act_tap or (lambda i, point, q, d: None)
+        c, b, s = self.c, self.buf, self.stream
+        for st, _, n in parts:
+            position.set_kv_len(st.pos, st.kv_len, 1 if self._rows_step else n, stream=s)
         x = b.mat(b.x, t, c.n_embd)
         if self.w.token_embd is not None:
             embed_gather_q8(self.w.token_embd.wq, self.w.token_embd.ws, b.tokens[:t], x, stream=s)
@@ -210,9 +242,9 @@ class Qwen35Gpu:
             act = self._norm_act(x, L.attn_norm, t)
             seen(i, "mixer_in", *act)
             if L.is_attention:
-                act = self._plain_act(self._attention(L, t, st, act), t)
+                act = self._plain_act(self._attention(L, t, parts, act), t)
             else:
-                act = self._gdn(L, t, st, act)
+                act = self._gdn(L, t, parts, act)
             seen(i, "mixer_out", *act)
             self._matmul(L.w_out, act, x, accumulate=True)
             act = self._norm_act(x, L.post_norm, t)
@@ -224,37 +256,50 @@ class Qwen35Gpu:
             self._matmul(L.w_down, act, x, accumulate=True)
             if tap is not None:
                 tap(i, x)
-        if self.w.output is not None:
-            r = logits_rows
-            act = self._norm_act(x[t - r:], self.w.output_norm, r)
-            seen(c.n_layer, "head", *act)
-            self._matmul(self.w.output, act, self.logits[:r])
-        position.advance(st.pos, step, stream=s)
-        if self._rows_step:
-            st.stepped()
-        else:
-            st.host_pos += t
+        return x
 
-    def _attention(self, L, t, st, act):
+    def _head(self, x, r: int, act_tap) -> None:
+        """Logits of the r rows x [r, E] into self.logits[:r]."""
+        act = self._norm_act(x, self.w.output_norm, r)
+        if act_tap is not None:
+            act_tap(self.c.n_layer, "head", *act)
+        self._matmul(self.w.output, act, self.logits[:r])
+
+    def _advance(self, parts: list) -> None:
+        """Each part's position past the tokens it ran (a batched step's rows: one token each)."""
+        for st, _, n in parts:
+            position.advance(st.pos, 1 if self._rows_step else n, stream=self.stream)
+            if self._rows_step:
+                st.stepped()
+            else:
+                st.host_pos += n
+
+    @staticmethod
+    def _part(a, r0: int, n: int, t: int):
+        """Rows [r0, r0 + n) of a [t, ...] buffer view (the view itself when that is all of it)."""
+        return a if r0 == 0 and n == t else a[r0:r0 + n]
+
+    def _attention(self, L, t, parts, act):
         c, b, s = self.c, self.buf, self.stream
         proj = b.mat(b.proj, t, b.p_attn)
         self._matmul(L.w_in, act, proj)
-        q = b.q[:t]
-        rows = self._rows_step
-        qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
-                           st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base,
-                           eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
         y = b.mat(b.y, t, c.n_head * c.head_dim)
-        if rows:
-            attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, proj, y, st.attn_ws,
-                             kv_heads=c.n_head_kv, stream=s)
-        elif L.index in st.kvq:
-            self._coded_attention(L.index, t, st, q, proj, y)
-        elif t == 1:
-            attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, proj, y.reshape(-1),
-                             self.attn_ws, stream=s)
-        else:
-            self.prefill_attention(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, proj, y, stream=s)
+        rows = self._rows_step
+        for st, r0, n in parts:
+            q, pj, yj = (self._part(a, r0, n, t) for a in (b.q[:t], proj, y))
+            qk_norm_rope_store(pj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
+                               st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
+                               base=c.rope_base, eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
+            if rows:
+                attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, pj, yj, st.attn_ws,
+                                 kv_heads=c.n_head_kv, stream=s)
+            elif L.index in st.kvq:
+                self._coded_attention(L.index, n, st, q, pj, yj)
+            elif n == 1:
+                attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, pj, yj.reshape(-1),
+                                 self.attn_ws, stream=s)
+            else:
+                self.prefill_attention(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, pj, yj, stream=s)
         return y
 
     def _coded_attention(self, i, t, st, q, proj, y):
@@ -274,21 +319,23 @@ class Qwen35Gpu:
         kvq_dequantize(v_codes, v_norms, v_tab, st.kv_len, st.v_cache[i].view(np.uint16), stream=s)
         self.prefill_attention(q, st.k_cache[i], st.v_cache[i], st.pos, proj, y, stream=s)
 
-    def _gdn(self, L, t, st, act):
+    def _gdn(self, L, t, parts, act):
         c, b, s = self.c, self.buf, self.stream
         proj = b.mat(b.proj, t, b.p_gdn)
         self._matmul(L.w_in, act, proj)
         y = b.mat(b.y, t, c.ssm_inner)
-        args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"], L.small["ssm_norm"],
-                st.ssm[L.index])
         # raw o, then the gated norm fused into the kernel that makes the out-projection's activation
-        if self._rows_step:
-            gdn_decode_step(proj, *args, y, st.gdn_sync, c.ssm_groups, c.rms_eps, stream=s, normalize=False)
-        elif t == 1:
-            gdn_decode_step(proj.reshape(-1), *args, y.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
-                            stream=s, normalize=False)
-        else:
-            gdn_prefill(proj, *args, y, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws, normalize=False)
+        for st, r0, n in parts:
+            pj, yj = self._part(proj, r0, n, t), self._part(y, r0, n, t)
+            args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"],
+                    L.small["ssm_norm"], st.ssm[L.index])
+            if self._rows_step:
+                gdn_decode_step(pj, *args, yj, st.gdn_sync, c.ssm_groups, c.rms_eps, stream=s, normalize=False)
+            elif n == 1:
+                gdn_decode_step(pj.reshape(-1), *args, yj.reshape(-1), self.gdn_sync, c.ssm_groups, c.rms_eps,
+                                stream=s, normalize=False)
+            else:
+                gdn_prefill(pj, *args, yj, c.ssm_groups, c.rms_eps, stream=s, ws=self.gdn_ws, normalize=False)
         if self.uses_f16_activations(t):
             yh = b.act_f16(t, y.shape[1])
             gated_rmsnorm_f16(y, proj, c.conv_dim, L.small["ssm_norm"], c.rms_eps, yh, stream=s)

@@ -5,6 +5,7 @@ forward steps all three rows: each row's logits must match the same sequence's o
 CUDA runner's graph-replayed path). The block dot products are exact int32 in both (dp4a GEMV, int8 mma
 rows); only float32 summation orders differ, so the logits agree to ~1e-6 relative and the greedy tokens
 are equal. A second batched step on the rows' own greedy tokens checks that positions advanced per row.
+Prompts packed into one forward (prefill_many) are checked the same way, against the runner's tokens.
 (GPU-only, as the other whole-model tests: under the simulator this model takes minutes per forward.)
 """
 import numpy as np
@@ -90,6 +91,39 @@ def test_batched_decoder_greedy_equals_the_runner(tmp_path):
             got[i].append(t)
     assert got[0] == want[0] and got[2] == want[2] and got[1] == want[1][:4]
     assert dec.host_pos == [len(prompts[1]) + 3, 0, len(prompts[0]) + 6, len(prompts[2]) + 6]
+
+
+@pytest.mark.gpu
+def test_packed_prefill_equals_the_runner(tmp_path):
+    """BatchedDecoder.prefill_many (model.forward_packed): four prompt rests of 5, 11, 9 and 1 tokens in one
+    forward on slots 2, 0, 3, 1, the first after a 9-token prefix its slot already holds, the last through
+    the one-token mixers: every first token and the greedy steps after it equal the runner's own."""
+    from ninfer_numba.engine.batched import BatchedDecoder
+    llm = _tiny_gpu_llm(tmp_path)
+    runner = llm.runner
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, SPEC.n_vocab, n).tolist() for n in (14, 11, 9, 1)]
+    want = []
+    for p in prompts:
+        runner.reset()
+        seq = [int(np.argmax(runner.prefill(p)))]
+        for _ in range(3):
+            seq.append(runner.decode_greedy(seq[-1]))
+        want.append(seq)
+    dec = BatchedDecoder(runner.model, 4, llm.max_seq, runner=runner)
+    slot_of = [2, 0, 3, 1]
+    for s in slot_of:
+        dec.reset(s)
+    dec.prefill(2, prompts[0][:9])
+    firsts = dec.prefill_many([(2, prompts[0][9:])] + [(s, p) for s, p in zip(slot_of[1:], prompts[1:])])
+    got = [[t] for t in firsts]
+    for _ in range(3):
+        for g, t in zip(got, dec.step(slot_of, [g[-1] for g in got])):
+            g.append(t)
+    assert got == want
+    assert [dec.host_pos[s] for s in slot_of] == [len(p) + 3 for p in prompts]
+    with pytest.raises(ValueError, match="at most"):
+        dec.prefill_many([(0, [1] * 20), (1, [1] * 20)])            # 40 tokens > the 32-row buffers
 
 
 @pytest.mark.gpu
