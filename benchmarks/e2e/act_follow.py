@@ -38,6 +38,10 @@ results/2026-12-01_nvidia-h200_checks/ has the runs.
 """
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import numpy as np
 
 from ninfer_numba.kernels.q8.ref import QK, from_fragment_order, quantize_q8_blocks_ref
@@ -71,19 +75,45 @@ def gpu_activations(runner, ids: list[int], n_gen: int):
     return acts, logits, toks, rows["pieces"]
 
 
-def follow_in_pieces(weights, acts: dict, seq: list[int], pieces: list[int]):
+def default_cache_bytes(fraction: float = 0.4) -> int:
+    """``fraction`` of the memory available now (MemAvailable, else the free pages): enough for a 9B file's
+    ~36 GB of float32 weights on a 128 GB host, and a bounded share of a small machine."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):                  # not Linux: free pages, which leave out the page cache
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(fraction * avail)
+
+
+def follow_in_pieces(weights, acts: dict, seq: list[int], pieces: list[int], *, cache_bytes: int | None = None,
+                     progress_s: float = 10.0, log=None):
     """The int8-emulating reference with a TieFollower of acts, run over seq in the GPU's own forward calls
     (``pieces``: their lengths, from gpu_activations), so that every kernel's precision is emulated at the
     same rows (the GDN prefill's float16 operands per call, the decode step's float32). Returns the logits
-    [len(seq), V] and the follower."""
+    [len(seq), V] and the follower.
+
+    cache_bytes: the reference's weight cache (ReferenceModel weight_cache_bytes; None: default_cache_bytes(),
+    0: none); the decode pieces reuse every matrix, so it saves a dequantization of the file per call. A line
+    to ``log`` (default stderr) every ``progress_s`` seconds and after the last call says where the run is."""
     if sum(pieces) != len(seq):
         raise ValueError(f"pieces {pieces} do not add up to the sequence's {len(seq)} tokens")
-    ref = ReferenceModel(weights, emulate_int8=True)
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    cache_bytes = default_cache_bytes() if cache_bytes is None else cache_bytes
+    ref = ReferenceModel(weights, emulate_int8=True, weight_cache_bytes=cache_bytes)
     ref.act_hook = follower = TieFollower(acts, weights.config.n_layer)
     st = ref.new_state(len(seq))
     ends = np.cumsum(pieces)
-    logits = np.concatenate([ref.forward(seq[e - n:e], st) for n, e in zip(pieces, ends)])
-    return logits, follower
+    t0 = last = time.perf_counter()
+    logits = []
+    for j, (n, e) in enumerate(zip(pieces, ends)):
+        logits.append(ref.forward(seq[e - n:e], st))
+        now = time.perf_counter()
+        if now - last >= progress_s or j == len(pieces) - 1:
+            last = now
+            log(f"reference: {j + 1}/{len(pieces)} calls, {e}/{len(seq)} tokens, {now - t0:.0f} s" +
+                (f"; weight cache {ref.cache.summary()}" if ref.cache is not None else ""))
+    return np.concatenate(logits), follower
 
 
 def _f16_order(h16: np.ndarray) -> np.ndarray:

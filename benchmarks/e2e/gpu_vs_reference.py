@@ -35,12 +35,12 @@ import numpy as np
 from benchmarks.llamacpp_logits import compare       # relative error, worst and first row, top-1 agreement
 
 
-def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int]) -> dict:
+def _following(llm, ids: list[int], n_gen: int, graph_tokens: list[int], cache_bytes: int | None) -> dict:
     """The tapped GPU run against the tie-following int8 reference, every position."""
     from benchmarks.e2e.act_follow import follow_in_pieces, gpu_activations
     t1 = time.perf_counter()
     acts, gpu, toks, pieces = gpu_activations(llm.runner, ids, n_gen)        # gpu: [P + n_gen, V]
-    ref_logits, follower = follow_in_pieces(llm.weights, acts, ids + toks, pieces)
+    ref_logits, follower = follow_in_pieces(llm.weights, acts, ids + toks, pieces, cache_bytes=cache_bytes)
     p = len(ids)
     ref_greedy = ref_logits[p - 1:p + n_gen - 1].argmax(-1).tolist()
     return {"all": compare(gpu, ref_logits), "prefill": compare(gpu[:p], ref_logits[:p]),
@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-emulating", action="store_true",
                     help="skip the plain int8-emulating reference (the tie-following one still runs)")
     ap.add_argument("--skip-following", action="store_true", help="skip the tie-following reference")
+    ap.add_argument("--ref-cache-gb", type=float, default=None,
+                    help="dequantized-weight cache of the tie-following reference, GiB (float32: 4 bytes a weight; "
+                         "0: none; default: 0.4 of the memory available at its start)")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
     from ninfer_numba.model.reference import ReferenceModel
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
         # same-precision oracle: the int8-emulating reference's own distance to the float reference
         report["int8_reference_vs_float"] = compare(refs["int8_emulating"], refs["float"])
     if not a.skip_following:
-        report["int8_following"] = _following(llm, ids, a.gen, toks)
+        cache_bytes = None if a.ref_cache_gb is None else int(a.ref_cache_gb * 2**30)
+        report["int8_following"] = _following(llm, ids, a.gen, toks, cache_bytes)
         log("int8_following: " + json.dumps({k: v for k, v in report["int8_following"].items() if k != "points"}))
     if not a.skip_layers:
         from benchmarks.e2e.layer_check import compare_layers, gpu_residual_streams

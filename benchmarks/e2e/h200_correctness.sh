@@ -22,7 +22,8 @@ model() {   # shape scales type
 follow() {   # seconds threads shape scales
   local tag=$3_$4
   blas $2 timeout $1 python3 -m benchmarks.e2e.gpu_vs_reference --model models/q35-$3-$4-q8_0.gguf --skip-float \
-    --skip-emulating --skip-layers --out "$OUT/following_$tag.json" > "$OUT/logs/following_$tag.log" 2>&1
+    --skip-emulating --skip-layers ${REF_CACHE_GB:+--ref-cache-gb $REF_CACHE_GB} --out "$OUT/following_$tag.json" \
+    > "$OUT/logs/following_$tag.log" 2>&1
   say "$3 ($4 block scales) tie-following (exit $?):"; grep "^int8_following" "$OUT/logs/following_$tag.log" | cut -c1-1200
 }
 case "${STAGE:-gate}" in
@@ -31,7 +32,8 @@ follow)
   say "files: $(ls models | tr '\n' ' ')"
   for shape in ${SHAPES:-0.8b 9b}; do
     if [ -n "${PARALLEL:-}" ]; then      # both generators at once, 8 BLAS threads each (much of the
-      for scales in varied one; do follow $(( $(left) - 5 )) 8 $shape $scales & done; wait   # reference is one thread)
+      for scales in varied one; do REF_CACHE_GB=${REF_CACHE_GB:-38} follow $(( $(left) - 5 )) 8 $shape $scales & done
+      wait                               # reference is one thread; two 9B weight caches of 36 GB fit 128 GB)
     else
       for scales in varied one; do follow $(( $(left) < 300 ? $(left) : 300 )) 16 $shape $scales; done
     fi

@@ -6,6 +6,8 @@ residual] → RMSNorm → logits. It also serves tiny models on machines without
 
 Weights stay quantized in the memory map; each layer dequantizes its matrices when it runs them, large
 ones a window of rows at a time (``ModelWeights.matmul``), so peak memory is the file plus a few hundred MB.
+``weight_cache_bytes`` > 0 keeps dequantized matrices across forward calls instead (``DequantCache``: up to
+4 bytes a weight), for runs of many calls such as one-token decode steps: the same products, bit for bit.
 
 ``emulate_int8=True`` models the kernels' storage precision: every matmul input quantized per 32-block to
 int8 exactly as the GPU kernels do (kernels/q8/ref.py), and the attention queries, keys and values rounded
@@ -18,6 +20,7 @@ dequantized to float16, as that kernel does. The float mode is the spec.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +29,7 @@ from ninfer_numba.config import ModelConfig
 from ninfer_numba.kernels.flash_attn.ref import attn_mixer_ref, rmsnorm_ref
 from ninfer_numba.kernels.gdn.ref import gdn_mixer_ref
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, kv_round_trip
-from ninfer_numba.model.weights import ModelWeights
+from ninfer_numba.model.weights import DequantCache, ModelWeights
 
 
 @dataclass
@@ -44,9 +47,21 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def _one_blas_thread():
+    """The Gated DeltaNet reference's many small float64 products on one BLAS thread: with more, OpenBLAS's
+    thread hand-offs made each take 250 ms where one thread takes 0.9 ms (2 threads, 0.8B head shapes; a
+    512-token call 116 s against 25 s, the same values), while the large matmuls keep every thread.
+    threadpoolctl where installed (the bench extra), else no limit."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
 class ReferenceModel:
     def __init__(self, weights: ModelWeights, *, emulate_int8: bool = False, gdn_chunked: bool = True,
-                 kv_type: str = "f16") -> None:
+                 kv_type: str = "f16", weight_cache_bytes: int = 0) -> None:
         if kv_type != "f16" and kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be f16 or one of {', '.join(KV_TYPES)}, not {kv_type!r}")
         self.kv_type = kv_type         # f16: keys and values kept as computed; k3v3 ...: coded (kernels/kvq)
@@ -58,6 +73,7 @@ class ReferenceModel:
         #                        (benchmarks/e2e/act_follow.py)
         self.f16_layer_rows = None     # bool [positions]: the layers' matmuls of these rows are W8A16
         self.f16_head_rows = None      # bool [positions]: likewise for the output head
+        self.cache = DequantCache(weight_cache_bytes) if weight_cache_bytes > 0 else None
 
     def new_state(self, max_seq: int) -> ReferenceState:
         c = self.config
@@ -88,8 +104,9 @@ class ReferenceModel:
 
         def product(x, f16_weights=False):
             if len(names) == 1:      # no concatenation copy: the output matrix's logits can be large
-                return self.w.matmul(names[0], x, f16_weights=f16_weights)
-            return np.concatenate([self.w.matmul(n, x, f16_weights=f16_weights) for n in names], axis=1)
+                return self.w.matmul(names[0], x, f16_weights=f16_weights, cache=self.cache)
+            return np.concatenate([self.w.matmul(n, x, f16_weights=f16_weights, cache=self.cache) for n in names],
+                                  axis=1)
         if f16 is None or not f16.any():
             return product(a)
         if f16.all():
@@ -118,11 +135,12 @@ class ReferenceModel:
         c, b = self.config, f"blk.{i}."
         proj = self._linear(h, b + "attn_qkv.weight", b + "attn_gate.weight", b + "ssm_beta.weight",
                             b + "ssm_alpha.weight", f16_rows=f16)
-        y, st.conv[i], st.ssm[i] = gdn_mixer_ref(
-            proj, self.w.dense(b + "ssm_conv1d.weight"), st.conv[i], self.w.dense(b + "ssm_a"),
-            self.w.dense(b + "ssm_dt.bias"), self.w.dense(b + "ssm_norm.weight"), st.ssm[i],
-            c.ssm_groups, c.ssm_heads, c.ssm_state, c.rms_eps, chunked=self.gdn_chunked,
-            f16_operands=self.emulate_int8 and self.gdn_chunked and len(h) > 1)
+        with _one_blas_thread():
+            y, st.conv[i], st.ssm[i] = gdn_mixer_ref(
+                proj, self.w.dense(b + "ssm_conv1d.weight"), st.conv[i], self.w.dense(b + "ssm_a"),
+                self.w.dense(b + "ssm_dt.bias"), self.w.dense(b + "ssm_norm.weight"), st.ssm[i],
+                c.ssm_groups, c.ssm_heads, c.ssm_state, c.rms_eps, chunked=self.gdn_chunked,
+                f16_operands=self.emulate_int8 and self.gdn_chunked and len(h) > 1)
         return self._linear(y.astype(np.float32), b + "ssm_out.weight", f16_rows=f16)
 
     def _ffn(self, i: int, h: np.ndarray, f16) -> np.ndarray:
@@ -141,6 +159,8 @@ class ReferenceModel:
             raise ValueError(f"context overflow: {st.pos} + {t} tokens > max_seq {st.max_seq}")
         if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
             raise ValueError(f"token ids must be in [0, {self.config.n_vocab})")
+        if self.cache is not None:
+            self.cache.new_pass()
         x = self.w.embed(tokens)                                         # [T, n_embd] residual stream
         for i in range(self.config.n_layer):
             x = self.layer(i, x, st)

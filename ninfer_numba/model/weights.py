@@ -4,11 +4,13 @@
 checks every tensor's presence, shape and type, rejects extra tensors as llama.cpp does, and returns a
 ``ModelWeights`` whose tensors stay memory-mapped and quantized; ``dense`` dequantizes a tensor on use and
 ``matmul`` streams large matrices through a bounded row window so that peak memory stays near the file size.
+A ``DequantCache`` passed to ``matmul`` keeps whole dequantized matrices for later calls, within a budget.
 Tied embeddings (no ``output.weight``) are resolved here, once: ``output_name`` says which tensor to use.
 """
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -77,24 +79,99 @@ class ModelWeights:
         raw = row_slice_bytes(self.file.tensor_bytes(name), t.ggml_type, t.shape[1], start, stop)
         return dequantize(raw, t.ggml_type, (stop - start, t.shape[1]))
 
-    def matmul(self, name: str, x: np.ndarray, *, f16_weights: bool = False) -> np.ndarray:
+    def matmul(self, name: str, x: np.ndarray, *, f16_weights: bool = False,
+               cache: DequantCache | None = None) -> np.ndarray:
         """x [T, K] @ W[name].T -> [T, N] in float32, dequantizing W a window of rows at a time; with
-        f16_weights each dequantized weight is first rounded to float16 (the W8A16 prefill GEMM's operand)."""
+        f16_weights each dequantized weight is first rounded to float16 (the W8A16 prefill GEMM's operand).
+        With a cache holding (or taking) the whole matrix, the windows are row slices of it: the same values
+        in the same layout, through the same products, so the result is the same bit for bit."""
         n, k = self.file.tensors[name].shape
         step = max(1, MATMUL_WINDOW_ELEMENTS // k)
-        w = (lambda d: d.astype(np.float16).astype(np.float32)) if f16_weights else (lambda d: d)   # noqa: E731
+        full = None if cache is None else cache.matrix(self, name, f16_weights)
+
+        def window(s: int, e: int) -> np.ndarray:                         # W[s:e] as the product takes it
+            if full is not None:
+                return full[s:e]
+            d = self.dense(name) if e - s == n else self.rows(name, s, e)
+            return d.astype(np.float16).astype(np.float32) if f16_weights else d
         if step >= n:
-            return x @ w(self.dense(name)).T
+            return x @ window(0, n).T
         out = np.empty((x.shape[0], n), dtype=np.float32)
         for s in range(0, n, step):
             e = min(n, s + step)
-            out[:, s:e] = x @ w(self.rows(name, s, e)).T
+            out[:, s:e] = x @ window(s, e).T
         return out
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """Embedding rows for token ids [T] -> [T, n_embd] float32 (only those rows are dequantized)."""
         return np.stack([self.rows("token_embd.weight", int(t), int(t) + 1)[0] for t in tokens]) \
             if len(tokens) else np.zeros((0, self.config.n_embd), np.float32)
+
+
+class DequantCache:
+    """Whole dequantized matrices kept across forward calls, within ``budget_bytes`` (float32: 4 bytes a
+    weight). Entries are keyed by (name, f16_weights) and hold exactly the float32 values ``matmul`` would
+    dequantize window by window (dequantization is elementwise, so a row slice of the whole equals the
+    window), which is what keeps cached products bit-identical.
+
+    Why a pass-aware policy, not plain LRU: a forward call sweeps the matrices in one fixed order, so when
+    they do not all fit, plain LRU evicts each entry just before its next use and never hits. Here only
+    stale entries, used in neither this pass nor the one before (``new_pass``: once per forward call), are
+    evicted, least recently used first; when that frees too little the matrix is streamed uncached, and
+    the entries that fit keep hitting. The other kind's entries (float16-rounded ones after prefill
+    calls, when decode calls follow) go stale so and give way. A matrix is taken in only when it is asked
+    for the second time: filling costs more than streaming (fresh pages, the whole-matrix temporaries), and a
+    one-off use (a single prefill call's float16-rounded weights) would only pay that and crowd the budget.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self.used_bytes = 0
+        self.entries: OrderedDict[tuple[str, bool], np.ndarray] = OrderedDict()   # least recent first
+        self.last_pass: dict[tuple[str, bool], int] = {}
+        self.pass_no = 0
+        self.seen: set[tuple[str, bool]] = set()     # keys asked for once: the next ask fills the cache
+        self.hits = self.misses = self.streamed = 0  # streamed: every ask answered None
+
+    def new_pass(self) -> None:
+        self.pass_no += 1
+
+    def matrix(self, weights: ModelWeights, name: str, f16_weights: bool) -> np.ndarray | None:
+        """The whole matrix [N, K] float32 as matmul uses it, or None (stream it) if it does not fit."""
+        key = (name, f16_weights)
+        if key in self.entries:
+            self.hits += 1
+            self.entries.move_to_end(key)
+            self.last_pass[key] = self.pass_no
+            return self.entries[key]
+        n, k = weights.info(name).shape
+        size = 4 * n * k
+        if key not in self.seen or not self._make_room(size):
+            self.seen.add(key)
+            self.streamed += 1
+            return None
+        self.misses += 1
+        plain = self.entries.get((name, False))
+        w = plain if plain is not None else weights.dense(name)         # the float16 copy derives from it
+        if f16_weights:
+            w = w.astype(np.float16).astype(np.float32)
+        self.entries[key], self.last_pass[key] = w, self.pass_no
+        self.used_bytes += size
+        return w
+
+    def _make_room(self, size: int) -> bool:
+        if size > self.budget_bytes:
+            return False
+        stale = [key for key in self.entries if self.last_pass[key] < self.pass_no - 1]   # LRU order
+        while self.used_bytes + size > self.budget_bytes and stale:
+            key = stale.pop(0)
+            self.used_bytes -= self.entries.pop(key).nbytes
+            del self.last_pass[key]
+        return self.used_bytes + size <= self.budget_bytes
+
+    def summary(self) -> str:
+        return (f"{len(self.entries)} matrices, {self.used_bytes / 2**30:.1f}/{self.budget_bytes / 2**30:.1f} GiB, "
+                f"{self.hits} hits, {self.misses} misses, {self.streamed} streamed")
 
 
 def log_to_stderr(message: str) -> None:
