@@ -129,14 +129,8 @@ class BatchedDecoder:
 
     def prefill(self, s: int, ids: list[int]) -> int:
         """ids run on slot s after what it holds, in chunks; returns the greedy next token."""
-        self._check_slot(s)
-        if not 1 <= len(ids) <= self.max_seq - 1 - self.states.host_pos[s]:
-            raise ValueError(f"{len(ids)} tokens after {self.states.host_pos[s]} in a slot of {self.max_seq}")
-        if self._pending is not None:
-            raise RuntimeError("prefill between launch() and collect(): collect the step first")
+        self._start_prefill([(s, ids)])
         m = self.model
-        self._forget_rows()
-        m.tokens_owner = None                   # buf.tokens now holds this prompt's chunks
         view = self.states.view(s)
         if self.runner is not None:
             st = self._staging
@@ -169,15 +163,8 @@ class BatchedDecoder:
         if not 1 <= len(items) <= n_seqs or len(set(slots)) != len(slots) or total > n_tokens:
             raise ValueError(f"{len(items)} prompts of {total} tokens in slots {slots}: at most {n_seqs} distinct"
                              f" slots and {n_tokens} tokens")
-        for s, ids in items:
-            self._check_slot(s)
-            if not 1 <= len(ids) <= self.max_seq - 1 - self.states.host_pos[s]:
-                raise ValueError(f"{len(ids)} tokens after {self.states.host_pos[s]} in a slot of {self.max_seq}")
-        if self._pending is not None:
-            raise RuntimeError("prefill between launch() and collect(): collect the step first")
+        self._start_prefill(items)
         m = self.model
-        self._forget_rows()
-        m.tokens_owner = None
         views = [self.states.view(s) for s in slots]
         ids = np.concatenate([np.asarray(x, np.int32) for _, x in items])
         m.buf.tokens[:total].copy_to_device(ids, stream=self.stream)
@@ -185,6 +172,17 @@ class BatchedDecoder:
         for s, v in zip(slots, views):
             self.states.adopt(s, v)
         return self._read_picks(len(items))
+
+    def _start_prefill(self, items: list[tuple[int, list[int]]]) -> None:
+        """Check each (slot, ids) fits its slot and no step is in flight; then buf.tokens is the prompts'."""
+        for s, ids in items:
+            self._check_slot(s)
+            if not 1 <= len(ids) <= self.max_seq - 1 - self.states.host_pos[s]:
+                raise ValueError(f"{len(ids)} tokens after {self.states.host_pos[s]} in a slot of {self.max_seq}")
+        if self._pending is not None:
+            raise RuntimeError("prefill between launch() and collect(): collect the step first")
+        self._forget_rows()
+        self.model.tokens_owner = None          # buf.tokens now holds the prompts' tokens
 
     def _read_picks(self, n: int) -> list[int]:
         """The greedy picks of logits rows 0..n-1 (a prefill's or a packed prefill's), read back."""
