@@ -8,7 +8,8 @@ T = 8192 / 32768 for prefill, reference/anchors.md). Working sets under ~3× the
 several buffer copies so the timings come from HBM. With --out, one JSON object per row is appended.
 --mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks. kvq: the
 decode attention over the 3/4-bit caches (kernels/kvq/decode.py, split-K partials and their combine) on
-random codes, beside attention_decode's f16 rows above.
+random codes, beside attention_decode's f16 rows above; rows kvq_decode_<type>_tokens* time the second
+partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process.
 """
 from __future__ import annotations
 
@@ -114,19 +115,24 @@ def bench_kvq_decode(H, Hkv, d, rng, kv_types=("k3v3", "k4v4")):
             kv_len = cuda.to_device(np.array([L], np.int32))
             state = {"i": 0}
 
-            # the whole call, then each of its two kernels alone (which of them holds the fixed cost)
-            for name, kernels in (("", ("partial", "combine")), ("_partial", ("partial",)),
-                                  ("_combine", ("combine",))):
-                def launch(stream, kernels=kernels):
-                    kc, kn, vc, vn = sets[state["i"] % len(sets)]
-                    state["i"] += 1
-                    kvq_attention_decode(q, kc, kn, vc, vn, kv_len, k_tab, v_tab, out, ws, stream=stream,
-                                         proj=proj, kernels=kernels)
+            # the whole call, then each of its two kernels alone (which of them holds the fixed cost), for
+            # both partial kernels
+            for variant, tag in (("lanes", ""), ("tokens", "_tokens")):
+                for part, kernels in (("", ("partial", "combine")), ("_partial", ("partial",)),
+                                      ("_combine", ("combine",))):
+                    name = tag + part
 
-                ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
-                rows.append(dict(kernel=f"kvq_decode_{kv_type}{name}", L=L, us=ms * 1e3, GBs=nbytes / ms / 1e6,
-                                 TFLOPs=4.0 * H * L * d / ms / 1e9, pct=100 * nbytes / ms / 1e6 / COPY_GBS,
-                                 ceiling="copy 4.25 TB/s", n_splits=ws.n_splits))
+                    def launch(stream, kernels=kernels, variant=variant):
+                        kc, kn, vc, vn = sets[state["i"] % len(sets)]
+                        state["i"] += 1
+                        kvq_attention_decode(q, kc, kn, vc, vn, kv_len, k_tab, v_tab, out, ws, stream=stream,
+                                             proj=proj, kernels=kernels, variant=variant)
+
+                    ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
+                    rows.append(dict(kernel=f"kvq_decode_{kv_type}{name}", L=L, us=ms * 1e3,
+                                     GBs=nbytes / ms / 1e6, TFLOPs=4.0 * H * L * d / ms / 1e9,
+                                     pct=100 * nbytes / ms / 1e6 / COPY_GBS, ceiling="copy 4.25 TB/s",
+                                     n_splits=ws.n_splits))
     return rows
 
 
@@ -185,10 +191,10 @@ def main(argv=None) -> None:
                               mma=args.mma)
     gpu = gpu_name()
     print(f"# {gpu}  model {args.model} {shape}")
-    print(f"{'kernel':20s} {'shape':>9s} {'µs':>10s} {'GB/s':>8s} {'TFLOP/s':>8s} {'%ceil':>6s}  ceiling")
+    print(f"{'kernel':30s} {'shape':>9s} {'µs':>10s} {'GB/s':>8s} {'TFLOP/s':>8s} {'%ceil':>6s}  ceiling")
     for r in rows:
         size = f"T={r['T']}" if "T" in r else f"L={r['L']}"
-        print(f"{r['kernel']:20s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
+        print(f"{r['kernel']:30s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
               f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}")
     append_jsonl(args.out, [dict(r, model=args.model, gpu=gpu, **shape) for r in rows])
 

@@ -14,9 +14,11 @@ from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
                                       reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU")
 K_SEED, V_SEED = 11, 12
+# the two partial kernels: lanes own coordinates (decode.py), a lane per key token (decode_tokens.py)
+VARIANTS = pytest.mark.parametrize("variant", ["lanes", "tokens"])
 
 
-def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng):
+def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng, variant="lanes"):
     q = rng.standard_normal((H, d)).astype(np.float32) * 2
     k = rng.standard_normal((L, Hkv, d)).astype(np.float32) * rng.uniform(0.5, 3, (L, Hkv, 1))
     v = rng.standard_normal((L, Hkv, d)).astype(np.float32)
@@ -34,7 +36,7 @@ def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng):
     out = cuda.to_device(np.zeros((H, d), np.float32))
     kvq_attention_decode(cuda.to_device(q), k_codes, k_norms, v_codes, v_norms,
                          cuda.to_device(np.array([L], np.int32)), KvqTables(d, k_bits, K_SEED),
-                         KvqTables(d, v_bits, V_SEED), out, KvqDecodeWorkspace(H, d, n_splits))
+                         KvqTables(d, v_bits, V_SEED), out, KvqDecodeWorkspace(H, d, n_splits), variant=variant)
     want = ref.attention_rotated_ref(q[None], kc, kn, vc, vn, np.array([L - 1]), k_bits, v_bits, K_SEED,
                                      V_SEED)[0]
     got = out.copy_to_host()
@@ -43,47 +45,51 @@ def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng):
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
+@VARIANTS
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
-def test_decode_tiny(k_bits, v_bits):
+def test_decode_tiny(k_bits, v_bits, variant):
     """GQA 2 query heads per KV head (chunks of 8 tokens), 13 cached tokens: of 3 splits one runs (splits
     are whole steps of the block's warps' chunks), two of its four warps without keys and one with a chunk
     cut at kv_len."""
     check_decode(H=4, Hkv=2, d=32, L=13, max_seq=20, k_bits=k_bits, v_bits=v_bits, n_splits=3,
-                 rng=np.random.default_rng(k_bits * 10 + v_bits))
+                 rng=np.random.default_rng(k_bits * 10 + v_bits), variant=variant)
 
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
+@VARIANTS
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
-def test_decode_many_tiles(k_bits, v_bits):
+def test_decode_many_tiles(k_bits, v_bits, variant):
     """3 query heads per KV head (as the 27B's 6), 300 tokens in 2 splits: a warp's softmax runs over
     several 32-token tiles, the last ones partial; then 1,400 tokens in 11 splits of 128."""
     check_decode(H=6, Hkv=2, d=32, L=300, max_seq=320, k_bits=k_bits, v_bits=v_bits, n_splits=2,
-                 rng=np.random.default_rng(k_bits * 10 + v_bits + 1))
+                 rng=np.random.default_rng(k_bits * 10 + v_bits + 1), variant=variant)
     # 11 splits: the combine's split groups take 3 or 2 splits each (its two-load steps and its tail)
     check_decode(H=4, Hkv=2, d=32, L=1400, max_seq=1408, k_bits=k_bits, v_bits=v_bits, n_splits=11,
-                 rng=np.random.default_rng(k_bits * 10 + v_bits + 2))
+                 rng=np.random.default_rng(k_bits * 10 + v_bits + 2), variant=variant)
 
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
+@VARIANTS
 @pytest.mark.parametrize("d", [64, 256])
-def test_decode_wide_heads(d):
+def test_decode_wide_heads(d, variant):
     """Heads of 64 and 256 dims: the warp-held rotations run butterflies inside a lane (2 and 8 coordinates
     each) as well as across lanes; 150 tokens in 2 splits."""
     check_decode(H=4, Hkv=2, d=d, L=150, max_seq=160, k_bits=3, v_bits=3, n_splits=2,
-                 rng=np.random.default_rng(d))
+                 rng=np.random.default_rng(d), variant=variant)
 
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
+@VARIANTS
 @pytest.mark.parametrize("H,Hkv,L", [(2, 2, 45), (12, 2, 29), (16, 1, 11)], ids=["G1", "G6", "G16"])
-def test_decode_chunk_sizes(H, Hkv, L):
+def test_decode_chunk_sizes(H, Hkv, L, variant):
     """The lanes' score butterfly at every chunk size: 8 tokens (G = 1: three scattering steps, the last
     chunk 5 tokens), 2 (G = 6, as the 27B: one step, then four plain ones), 1 (G = 16: plain sums only)."""
     assert [chunk_tokens(H // Hkv) for H, Hkv, _ in [(2, 2, 0), (12, 2, 0), (16, 1, 0)]] == [8, 2, 1]
     check_decode(H=H, Hkv=Hkv, d=32, L=L, max_seq=L + 3, k_bits=3, v_bits=4, n_splits=2,
-                 rng=np.random.default_rng(H * 100 + L))
+                 rng=np.random.default_rng(H * 100 + L), variant=variant)
 
 
 LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
@@ -92,10 +98,12 @@ LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
 @pytest.mark.skipif(SIMULATOR or gpu_available() or not os.path.exists(LIBDEVICE),
                     reason="offline PTX check: needs NVVM + libdevice and no GPU (a GPU runs the real tests)")
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
-def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits):
+@VARIANTS
+def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, variant):
     """The 9B's partial compiles to sm_90a PTX without a device (reference/numba-cuda.md §7, test-only
     patches of numba internals) with no local memory: queries, scores and accumulators stay in registers
-    and the codebook lookups are shared loads."""
+    and the codebook lookups are shared loads (tokens: the key rows' words too, and the queries come as
+    16-byte shared loads, one per key code)."""
     import types as pytypes
 
     import numba.cuda.cudadrv.nvrtc as nvrtc_mod
@@ -103,13 +111,13 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits):
     import numba.cuda.dispatcher as dispatcher_mod
     from numba import types
 
-    from ninfer_numba.kernels.kvq import decode
+    from ninfer_numba.kernels.kvq import decode, decode_tokens
     monkeypatch.setattr(dispatcher_mod, "get_current_device",
                         lambda: pytypes.SimpleNamespace(compute_capability=(9, 0)))
     monkeypatch.setattr(nvrtc_mod.config, "FORCE_CUDA_CC", (9, 0, "a"))
     monkeypatch.setattr(nvvm_mod, "get_libdevice", lambda: LIBDEVICE)
     monkeypatch.setattr(nvvm_mod, "open_libdevice", lambda: open(LIBDEVICE, "rb").read())
-    partial, _ = decode._kernels(16, 4, 256, k_bits, v_bits, 128, True)
+    partial, _ = (decode if variant == "lanes" else decode_tokens)._kernels(16, 4, 256, k_bits, v_bits, 128, True)
 
     def arr(dt, n):
         return types.Array(dt, n, "C")
@@ -119,20 +127,25 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits):
            arr(f32, 3), arr(f32, 3), arr(types.uint16, 1), arr(types.uint16, 1))
     ptx, _ = cuda.compile_ptx(partial.py_func, sig, cc=(9, 0, "a"), launch_bounds=(decode.TPB, 4))
     assert "ld.local" not in ptx and "st.local" not in ptx
+    if variant == "tokens":
+        assert ptx.count("ld.shared.v4.f32") >= 32                    # a block of 128 (3 bits) or 32 codes
+        assert ptx.count("fma.rn.f32") >= 4 * 32 + 8 * 4 * 4          # and the values of a 4-token batch
+        return
     assert ptx.count("ld.shared.f32") >= 2 * 8 * chunk_tokens(4)      # a table load per code of a chunk
     assert ptx.count("fma.rn.f32") >= 2 * 8 * 4 * chunk_tokens(4)     # G FMAs per key and value code
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
+@VARIANTS
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
-def test_decode_model_shape(k_bits, v_bits):
+def test_decode_model_shape(k_bits, v_bits, variant):
     """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits, and
     the 27B's (24 query heads) over 40,000 in 128."""
     check_decode(H=16, Hkv=4, d=256, L=3001, max_seq=4096, k_bits=k_bits, v_bits=v_bits, n_splits=33,
-                 rng=np.random.default_rng(k_bits * 10 + v_bits))
+                 rng=np.random.default_rng(k_bits * 10 + v_bits), variant=variant)
     check_decode(H=24, Hkv=4, d=256, L=40000, max_seq=40960, k_bits=k_bits, v_bits=v_bits, n_splits=128,
-                 rng=np.random.default_rng(k_bits * 10 + v_bits))
+                 rng=np.random.default_rng(k_bits * 10 + v_bits), variant=variant)
 
 
 @pytest.mark.cudasim

@@ -99,6 +99,56 @@ def partial_smem_words(G: int, d: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=None)
+def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
+    """The end of a partial block, the same for both partials (this one and decode_tokens.py): each warp's
+    value accumulators [G, d] (lanes < d/8 hold 8 coordinates each) and its (max, sum) per head into shared
+    memory at OFF_A and OFF_ML, merged into warp 0's rows, the split's (max, sum) written, then the values
+    rotated back by warps (warp_fwht) into part_o."""
+    V = d // 32                  # coordinates of a row per lane in the warp-held rotations
+    LANES = d // 8               # lanes owning a code group (8 coordinates) of every row
+    INV_SQRT_D = float32(1.0 / math.sqrt(d))
+    f0 = float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def tail(smem, acc, m, lsum, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs):
+        if lane < LANES:
+            for g in range(G):
+                for k in range(8):
+                    smem[OFF_A + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
+        if lane == 0:
+            for g in range(G):
+                smem[OFF_ML + 2 * (w * G + g)] = m[g]
+                smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
+        cuda.syncthreads()
+        for e in range(tid, G * d, TPB):                  # merged into warp 0's rows: each (g, i) is this
+            g = e // d                                    # thread's alone
+            i = e - g * d
+            mm = NEG_INF
+            for u in range(NW):
+                mm = max(mm, smem[OFF_ML + 2 * (u * G + g)])
+            o = f0
+            ll = f0
+            for u in range(NW):
+                mu = smem[OFF_ML + 2 * (u * G + g)]
+                if mu != NEG_INF:
+                    f = math.exp2(mu - mm)
+                    o += smem[OFF_A + (u * G + g) * d + i] * f
+                    ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
+            smem[OFF_A + g * d + i] = o
+            if i == 0:
+                part_ml[split, hk * G + g, 0] = mm
+                part_ml[split, hk * G + g, 1] = ll
+        cuda.syncthreads()
+        for g in range(w, G, NW):                         # the values' rotation back, per split, by warps
+            for k in range(V):
+                rot[k] = smem[OFF_A + g * d + V * lane + k]
+            warp_fwht(rot, V, lane)
+            for k in range(V):
+                i = V * lane + k
+                part_o[split, hk * G + g, i] = rot[k] * v_signs[i] * INV_SQRT_D
+    return tail
+
+
 def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
     if d % 32 or d > 256 or d & (d - 1) or H % Hkv:
         raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
@@ -119,6 +169,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     KMASK = uint32((1 << k_bits) - 1)
     VMASK = uint32((1 << v_bits) - 1)
     f0 = float32(0.0)
+    tail = split_tail(G, d, OFF_A, OFF_ML)
     # 4 blocks (16 warps) per SM: 512 blocks of the 9B's 4 KV heads x 128 splits in one wave
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
@@ -254,41 +305,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     pr = shfl_idx_f32(pv[g], t << TSH)
                     for k in range(8):
                         acc[8 * g + k] += pr * lv[k]
-        if lane < LANES:
-            for g in range(G):
-                for k in range(8):
-                    smem[OFF_A + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
-        if lane == 0:
-            for g in range(G):
-                smem[OFF_ML + 2 * (w * G + g)] = m[g]
-                smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
-        cuda.syncthreads()
-        for e in range(tid, G * d, TPB):                  # merged into warp 0's rows: each (g, i) is this
-            g = e // d                                    # thread's alone
-            i = e - g * d
-            mm = NEG_INF
-            for u in range(NW):
-                mm = max(mm, smem[OFF_ML + 2 * (u * G + g)])
-            o = f0
-            ll = f0
-            for u in range(NW):
-                mu = smem[OFF_ML + 2 * (u * G + g)]
-                if mu != NEG_INF:
-                    f = math.exp2(mu - mm)
-                    o += smem[OFF_A + (u * G + g) * d + i] * f
-                    ll += smem[OFF_ML + 2 * (u * G + g) + 1] * f
-            smem[OFF_A + g * d + i] = o
-            if i == 0:
-                part_ml[split, hk * G + g, 0] = mm
-                part_ml[split, hk * G + g, 1] = ll
-        cuda.syncthreads()
-        for g in range(w, G, NW):                         # the values' rotation back, per split, by warps
-            for k in range(V):
-                rot[k] = smem[OFF_A + g * d + V * lane + k]
-            warp_fwht(rot, V, lane)
-            for k in range(V):
-                i = V * lane + k
-                part_o[split, hk * G + g, i] = rot[k] * v_signs[i] * INV_SQRT_D
+        tail(smem, acc, m, lsum, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs)
 
     return partial, split_combine_kernel(d, n_splits, STEP, gated)
 
@@ -305,12 +322,20 @@ class KvqDecodeWorkspace:
 
 def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables: KvqTables,
                          v_tables: KvqTables, out, ws: KvqDecodeWorkspace, stream=0, proj=None,
-                         kernels: tuple[str, ...] = ("partial", "combine")) -> None:
+                         kernels: tuple[str, ...] = ("partial", "combine"), variant: str = "lanes") -> None:
     """out [H, d] = attention of this token's q [H, d] over the first kv_len[0] cached tokens (module
     docstring for the layouts); k_tables / v_tables: the roles' rotation signs and codebooks. With proj
     ([1, P], the layer's fused projection row) the output gate is applied and out is [H·d], as
     flash_attn.decode.attention_decode writes it. ``kernels``: which of the two to launch (the benchmark
-    times each alone; the model launches both)."""
+    times each alone; the model launches both). ``variant``: "lanes" (this module's partial) or "tokens"
+    (kvq/decode_tokens.py's, a lane per key token), so one process can time both."""
+    if variant == "tokens":
+        from ninfer_numba.kernels.kvq import decode_tokens       # it imports this module's helpers
+        decode_tokens.launch(q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables, v_tables,
+                             out, ws, stream, proj, kernels)
+        return
+    if variant != "lanes":
+        raise ValueError(f"unknown kvq decode variant {variant!r} (lanes, tokens)")
     H, d = q.shape
     Hkv = k_codes.shape[0]
     gated = proj is not None
