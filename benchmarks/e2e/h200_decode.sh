@@ -47,6 +47,9 @@
 #               what is left of 480 s: the batched step's, scheduler's and coded caches' GPU tests, bench_attn's
 #               decode rows (f16 and coded caches), the engine's batched step,
 #               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
+#   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
+#               concurrency (STREAMS, default 1,16) without and with --pack-prompts, and prefix_gate (9B with
+#               the vocabulary; DEADLINE=s bounds the call)
 #   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
 #               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
 #               .cache/ab_base when carried and in this tree, in what is left of DEADLINE (570) s;
@@ -290,6 +293,24 @@ serve_ours)
   say "concurrency (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
   timeout $(left) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
     > "$OUT/logs/prefix_gate.log" 2>&1
+  say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+packed)
+  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
+  [ -f models/q35-9b-vocab.gguf ] || python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf \
+    > "$OUT/logs/make_9bv.log" 2>&1 &
+  genv=$!
+  gpu_tests 200 4 test_packed "batched decoder (packed prompts), engine" tests/model/test_batched_decode.py tests/engine
+  wait $genv
+  for pack in "" --pack-prompts; do
+    timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf \
+      --backend cuda --batch-slots 16 --streams ${STREAMS:-1,16} --no-llamacpp $pack \
+      --out "$OUT/concurrency${pack:+_packed}.json" > "$OUT/logs/concurrency${pack:+_packed}.log" 2>&1
+    say "concurrency ${pack:-unpacked} (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency${pack:+_packed}.log" | tail -12
+  done
+  timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
+    --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
   say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
