@@ -19,6 +19,19 @@ SPEC = TinySpec(n_embd=64, n_layer=4, n_head=2, n_head_kv=1, head_dim=32, n_rot=
                 ssm_heads=16, ssm_state=16, n_vocab=320, tied=False)
 
 
+def tiny_gpu_model(tmp_dir, **engine):
+    """The SPEC model (Q8_0, seed 21) as a bare Qwen35Gpu on its own stream, engine fields as given (for
+    simulator tests of one layer's kernels: the whole model there takes minutes per forward)."""
+    from ninfer_numba.config import EngineConfig
+    from ninfer_numba.kernels.numba_env import cuda
+    from ninfer_numba.model.gpu_weights import GpuWeights
+    from ninfer_numba.model.qwen35 import Qwen35Gpu
+    from ninfer_numba.model.weights import open_model
+    w = open_model(write_gguf(f"{tmp_dir}/m.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
+                              matrix_type=QT.Q8_0))
+    return Qwen35Gpu(GpuWeights(w), EngineConfig(backend="cuda", **engine), cuda.stream())
+
+
 def _tiny_gpu_llm(tmp_path, **engine):
     """The SPEC model (Q8_0, seed 21) on the cuda backend, prefill in 32-token chunks."""
     from ninfer_numba import LLM

@@ -100,25 +100,17 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator():
     """The GPU model's attention layer over a k3v3 cache (model/qwen35.py _coded_attention: the new rows coded
     from the f16 scratch, a 4-token prefill over the decoded rows, then a decode step in the rotated domain)
     against attn_mixer_ref with the same coding, on the GPU model tests' shapes."""
-    from ninfer_numba.config import EngineConfig
     from ninfer_numba.kernels import position
     from ninfer_numba.kernels.flash_attn.ref import attn_mixer_ref
     from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-    from ninfer_numba.model.gpu_weights import GpuWeights
-    from ninfer_numba.model.qwen35 import Qwen35Gpu
-    from ninfer_numba.model.weights import open_model
-    from tests.gguf_factory import QT, tensors_for, write_gguf
-    from tests.model.test_gpu_model import SPEC
+    from tests.model.test_gpu_model import tiny_gpu_model
     if not SIMULATOR:
         pytest.skip("the simulator run of the layer (the GPU runs test_gpu_coded_cache_against_the_reference)")
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        w = open_model(write_gguf(f"{tmp}/m.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
-                                  matrix_type=QT.Q8_0))
-        c, stream = w.config, cuda.stream()
-        model = Qwen35Gpu(GpuWeights(w), EngineConfig(backend="cuda", max_seq=16, prefill_chunk=4,
-                                                      kv_type="k3v3"), stream)
+        model = tiny_gpu_model(tmp, max_seq=16, prefill_chunk=4, kv_type="k3v3")
+        c, stream = model.c, model.stream
         st = model.new_state(16)
         st.reset(stream)
         i = c.attention_layers[0]

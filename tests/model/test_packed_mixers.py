@@ -9,22 +9,15 @@ import pytest
 
 @pytest.mark.cudasim
 def test_packed_mixers_equal_one_call_per_sequence():
-    from ninfer_numba.config import EngineConfig
     from ninfer_numba.kernels import position
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
-    from ninfer_numba.model.gpu_weights import GpuWeights
-    from ninfer_numba.model.qwen35 import Qwen35Gpu
-    from ninfer_numba.model.weights import open_model
-    from tests.gguf_factory import QT, tensors_for, write_gguf
-    from tests.model.test_gpu_model import SPEC
+    from tests.model.test_gpu_model import tiny_gpu_model
     if not SIMULATOR:
         pytest.skip("the simulator run of the mixers (the GPU runs test_packed_prefill_equals_the_runner)")
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        w = open_model(write_gguf(f"{tmp}/m.gguf", SPEC, tensors_for(SPEC, np.random.default_rng(21)),
-                                  matrix_type=QT.Q8_0))
-        c, stream = w.config, cuda.stream()
-        model = Qwen35Gpu(GpuWeights(w), EngineConfig(backend="cuda", max_seq=16, prefill_chunk=8), stream)
+        model = tiny_gpu_model(tmp, max_seq=16, prefill_chunk=8)
+        c, stream = model.c, model.stream
         lengths = (3, 2, 1)
         t = sum(lengths)
         x = np.random.default_rng(1).standard_normal((t, c.n_embd)).astype(np.float32)
