@@ -13,7 +13,8 @@ weights dequantized to float16 inside the GEMM; elsewhere prefill quantizes to i
 Every per-step scalar (position, KV length, the token) lives in a device buffer, so the decode step is
 captured once as a CUDA graph and replayed (engine/cuda_runner.py). The token count decides the path:
 ``uses_f16_activations(t)`` (which activations a matmul of t rows takes) and the t == 1 branches of the
-mixers.
+mixers. ``forward_packed`` runs several sequences' prompts in one pass of the same layer loop: the matmuls
+over all their rows, the mixers per sequence on its rows and state (``forward`` is the one-sequence case).
 """
 from __future__ import annotations
 
