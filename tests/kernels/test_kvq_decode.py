@@ -180,3 +180,10 @@ def test_decode_gated_and_the_dequantized_rows():
     np.testing.assert_allclose(got[:, :L].view(np.float16).astype(np.float32), want_rows,
                                rtol=2 ** -10, atol=1e-6)
     assert (got[:, L:] == 0x7777).all()
+
+
+def test_the_kernels_of_one_shape_are_built_once():
+    """Each decode call asks for its kernels by shape: building them again would recompile every call."""
+    from ninfer_numba.kernels.kvq import decode, decode_tokens
+    for module in (decode, decode_tokens):
+        assert module._kernels(16, 4, 256, 3, 3, 128, True) is module._kernels(16, 4, 256, 3, 3, 128, True)

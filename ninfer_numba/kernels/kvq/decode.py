@@ -98,6 +98,18 @@ def partial_smem_words(G: int, d: int) -> tuple[int, ...]:
     return off_q, off_ml, off_a, off_a + NW * G * d
 
 
+@cuda.jit(device=True, inline=True)
+def raise_max(m, lsum, acc, g, mx):
+    """Online softmax (log2 domain) of head g: where a tile's maximum mx exceeds the running one m[g], the
+    running sum lsum[g] and the head's 8 value accumulators acc[8g..8g+7] rescale to it."""
+    if mx > m[g]:
+        alpha = math.exp2(m[g] - mx)
+        lsum[g] *= alpha
+        for k in range(8):
+            acc[8 * g + k] *= alpha
+        m[g] = mx
+
+
 @lru_cache(maxsize=None)
 def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
     """The end of a partial block, the same for both partials (this one and decode_tokens.py): each warp's
@@ -149,6 +161,7 @@ def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
     return tail
 
 
+@lru_cache(maxsize=None)
 def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
     if d % 32 or d > 256 or d & (d - 1) or H % Hkv:
         raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
@@ -283,12 +296,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 for _ in range(LG):
                     mx = max(mx, shfl_xor_f32(mx, mk))
                     mk >>= 1
-                if mx > m[g]:                             # warp-uniform: every lane holds the same maxima
-                    alpha = math.exp2(m[g] - mx)
-                    lsum[g] *= alpha
-                    for k in range(8):
-                        acc[8 * g + k] *= alpha
-                    m[g] = mx
+                raise_max(m, lsum, acc, g, mx)            # warp-uniform: every lane holds the same maxima
                 p = math.exp2(score - m[g])
                 ps = p
                 mk = 16

@@ -35,7 +35,7 @@ from numba import float32, uint32, uint64
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, split_tail, warp_fwht
+from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, raise_max, split_tail, warp_fwht
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32, syncwarp
 from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
@@ -293,12 +293,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 mx = score
                 for sh in (16, 8, 4, 2, 1):
                     mx = max(mx, shfl_xor_f32(mx, sh))
-                if mx > m[g]:                             # warp-uniform
-                    alpha = math.exp2(m[g] - mx)
-                    lsum[g] *= alpha
-                    for k in range(8):
-                        acc[8 * g + k] *= alpha
-                    m[g] = mx
+                raise_max(m, lsum, acc, g, mx)            # warp-uniform
                 p = math.exp2(score - m[g])
                 lsum[g] += p
                 smem[pbase + uint32(lane * GP + g)] = p * vn * INV_SQRT_D if valid else f0
