@@ -7,6 +7,8 @@ stages per CTA x the time of one stage at that tile height, and adds the cost of
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 BW = 128                          # weight rows (output columns) per CTA: 2 warpgroups x 64
 BK = 64                           # K per stage: 64 f16 = one 128-byte swizzled activation row
 
@@ -37,6 +39,7 @@ def _slots(rows: int, n_sm: int) -> int:
     return n_sm * (2 if rows in SHARED_STAGE_COST else 1)
 
 
+@lru_cache(maxsize=4096)             # ~12 us of Python per call, on every GEMM of an eager forward
 def plan(m: int, n: int, k: int, n_sm: int, most_splits: int = 1, ba: int | None = None) -> tuple[int, int]:
     """(activation tile rows, K splits) with the least predicted time: waves of CTAs (ceil(CTAs / slots)) times
     a CTA's stages (its share of K plus CTA_STAGES) at STAGE_COST[ba], plus _sum_splits' traffic when K is
@@ -45,19 +48,22 @@ def plan(m: int, n: int, k: int, n_sm: int, most_splits: int = 1, ba: int | None
     cut into up to most_splits parts (bounded by the workspace) and smaller tiles do less tensor work."""
     n_k = -(-k // BK)
 
+    def ctas(rows, splits):
+        return -(-m // rows) * -(-n // BW) * splits
+
     def cost(option):
         rows, splits = option
-        ctas = -(-m // rows) * -(-n // BW) * splits
-        shared = rows in SHARED_STAGE_COST and ctas > n_sm
+        shared = rows in SHARED_STAGE_COST and ctas(rows, splits) > n_sm
         stage = SHARED_STAGE_COST[rows] if shared else STAGE_COST[rows]
-        us = -(-ctas // _slots(rows, n_sm)) * (-(-n_k // splits) + CTA_STAGES) * stage * STAGE_US
+        us = -(-ctas(rows, splits) // _slots(rows, n_sm)) * (-(-n_k // splits) + CTA_STAGES) * stage * STAGE_US
         if splits > 1:
             us += SUM_LAUNCH_US + (splits + 1) * m * n * 4 / (SUM_GBPS * 1e3)
         return us
+
     def one_wave(rows, splits):
         """A split may only fill idle slots: measured, extra waves of shorter CTAs lost to one wave of
         longer ones (2 rows of the 9B's gate|up: 192 CTAs 64.0 us, 384 of half the length 68.9)."""
-        return splits == 1 or -(-m // rows) * -(-n // BW) * splits <= _slots(rows, n_sm)
+        return splits == 1 or ctas(rows, splits) <= _slots(rows, n_sm)
     options = [(rows, splits) for rows in ([ba] if ba else STAGE_COST)
                for splits in range(1, min(most_splits, MAX_SPLITS, n_k) + 1) if one_wave(rows, splits)]
     return min(options, key=cost)
