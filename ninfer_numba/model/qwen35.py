@@ -285,9 +285,9 @@ class Qwen35Gpu:
         proj = b.mat(b.proj, t, b.p_attn)
         self._matmul(L.w_in, act, proj)
         y = b.mat(b.y, t, c.n_head * c.head_dim)
-        rows = self._rows_step
+        rows, q_all = self._rows_step, b.q[:t]
         for st, r0, n in parts:
-            q, pj, yj = (self._part(a, r0, n, t) for a in (b.q[:t], proj, y))
+            q, pj, yj = (self._part(a, r0, n, t) for a in (q_all, proj, y))
             qk_norm_rope_store(pj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
                                st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
                                base=c.rope_base, eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
