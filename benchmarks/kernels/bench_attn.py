@@ -168,6 +168,15 @@ def bench_prefill(H, Hkv, d, rng, lengths, mma=False):
     return rows
 
 
+def _printed(rows: list[dict]) -> list[dict]:
+    """Print a section's rows as soon as it is timed (a long run shows its progress), and return them."""
+    for r in rows:
+        size = f"T={r['T']}" if "T" in r else f"L={r['L']}"
+        print(f"{r['kernel']:30s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
+              f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="9b")
@@ -179,23 +188,19 @@ def main(argv=None) -> None:
     shape = SHAPES[args.model]
     rng = np.random.default_rng(0)
     parts = set(args.only.split(","))
-    rows = []
-    if "rope" in parts:
-        rows += bench_rope(**shape, rng=rng)
-    if "decode" in parts:
-        rows += bench_decode(**shape, rng=rng)
-    if "kvq" in parts:
-        rows += bench_kvq_decode(**shape, rng=rng)
-    if "prefill" in parts:
-        rows += bench_prefill(**shape, rng=rng, lengths=[int(x) for x in args.prefill_lengths.split(",")],
-                              mma=args.mma)
     gpu = gpu_name()
     print(f"# {gpu}  model {args.model} {shape}")
     print(f"{'kernel':30s} {'shape':>9s} {'µs':>10s} {'GB/s':>8s} {'TFLOP/s':>8s} {'%ceil':>6s}  ceiling")
-    for r in rows:
-        size = f"T={r['T']}" if "T" in r else f"L={r['L']}"
-        print(f"{r['kernel']:30s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
-              f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}")
+    rows = []
+    if "rope" in parts:
+        rows += _printed(bench_rope(**shape, rng=rng))
+    if "decode" in parts:
+        rows += _printed(bench_decode(**shape, rng=rng))
+    if "kvq" in parts:
+        rows += _printed(bench_kvq_decode(**shape, rng=rng))
+    if "prefill" in parts:
+        rows += _printed(bench_prefill(**shape, rng=rng, mma=args.mma,
+                                       lengths=[int(x) for x in args.prefill_lengths.split(",")]))
     append_jsonl(args.out, [dict(r, model=args.model, gpu=gpu, **shape) for r in rows])
 
 

@@ -36,7 +36,7 @@ from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, raise_max, split_tail, warp_fwht
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32, syncwarp
 from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
 
@@ -118,7 +118,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     tail = split_tail(G, d, OFF_A, OFF_ML)
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def key_code(s_lvl, lb, smem, x, sh, qb, sc):
         """sc[g] += s_q[i, g] · level(code at bit sh of word x) for every head g; qb = 4·(OFF_Q + i·GP) is
         the byte address of s_q[i, 0] (a per-group register plus an immediate, folded into the LDS)."""
@@ -129,7 +129,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 if 4 * gq + e < G:
                     sc[4 * gq + e] += qv[e] * lvl
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def key_word(s_lvl, lb, smem, x, sh0, n, qb, sc):
         """The n (8 or 10) codes of word x from bit sh0 on, at coordinates from qb's on. Written out: LLVM
         leaves a 10-trip loop of this size rolled, and the shifts and query offsets then cost registers
@@ -146,7 +146,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             key_code(s_lvl, lb, smem, x, sh0 + 8 * k_bits, qb + uint32(8 * QS), sc)
             key_code(s_lvl, lb, smem, x, sh0 + 9 * k_bits, qb + uint32(9 * QS), sc)
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def key_group(s_lvl, lb, smem, x0, x1, x2, x3, qb, sc):
         """32 codes at coordinates from qb's on: three words at 3 bits (codes 10 and 21 straddle two
         words; a funnel shift joins them), four at 4 bits (x3 unused at 3 bits)."""
@@ -164,7 +164,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                      qb + uint32(21 * QS), sc)
             key_word(s_lvl, lb, smem, x2, 2, 10, qb + uint32(22 * QS), sc)
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def key_block(s_lvl, lb, smem, kw, qb, sc):
         """The block's CPB codes from kw[0:KB]: one group, or four at 3 bits with 16-byte loads (written
         out, so kw's indices stay constants and kw stays in registers)."""
@@ -177,7 +177,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 key_group(s_lvl, lb, smem, kw[6], kw[7], kw[8], uint32(0), qb + uint32(64 * QS), sc)
                 key_group(s_lvl, lb, smem, kw[9], kw[10], kw[11], uint32(0), qb + uint32(96 * QS), sc)
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def load_block(k_words, at, kw):
         """kw[0:KB] = the KB key words from flat word index at (16-byte aligned when V4)."""
         if V4:
@@ -191,7 +191,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             for u in range(KB):
                 kw[u] = k_words[at + uint32(u)]
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def value_bits(v_words, row, wa, wb, vsh, grp):
         """The 8·v_bits code bits of my group of value row ``row`` (decode.py's group_bits, with the
         lane's word offsets and shift computed once)."""
@@ -201,7 +201,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         return uint32(((uint64(v_words[uint32(base + wb)]) << uint64(32)) | uint64(v_words[uint32(base + wa)]))
                       >> vsh)
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def value_token(s_lvl, lbv, smem, bits, pslot, acc):
         """acc[8g + k] += w[g] · level(code k of bits), w the token's weights at word pslot of s_p."""
         lv = cuda.local.array(8, float32)
@@ -214,7 +214,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     for k in range(8):
                         acc[8 * (4 * gq + e) + k] += wv[e] * lv[k]
 
-    @cuda.jit(device=True, inline=True)
+    @device_inline
     def value_batch(v_words, r_first, last, wa, wb, vsh, grp, nb):
         """nb[0:VB] = my value bits of rows r_first .. r_first + VB - 1 (clamped to the split's last)."""
         for t in range(VB):       # uint32(...) everywhere: numba widens uint32 sums to 64 bits
