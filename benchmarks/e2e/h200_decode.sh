@@ -50,6 +50,9 @@
 #   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
 #               concurrency (STREAMS, default 1,16) without and with --pack-prompts, and prefix_gate (9B with
 #               the vocabulary; DEADLINE=s bounds the call)
+#   STAGE=kvq_variants: bench_attn's f16 and coded-cache decode rows (both partials), the coded-cache decode GPU
+#               tests, then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
+#               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
 #   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
 #               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
 #               .cache/ab_base when carried and in this tree, in what is left of DEADLINE (570) s;
@@ -312,6 +315,25 @@ packed)
   timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
     --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
   say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+kvq_variants)
+  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
+  gen=$!
+  timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq --out "$OUT/bench_attn.jsonl" \
+    > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
+  gpu_tests $(( $(left) < 90 ? $(left) : 90 )) 4 test_kvq "coded-cache decode" tests/kernels/test_kvq_decode.py
+  wait $gen
+  kv_decode_bench f16 k3v3
+  if [ -d .cache/ab_other/ninfer_numba ]; then    # its own package first on the path (cwd), not make's install
+    ( cd .cache/ab_other && timeout $(( $(left) < 100 ? $(left) : 100 )) python3 -m ninfer_numba bench --models 9b \
+      --model-dir "$OLDPWD/models" --tests tg128@d32768 --kv-type k3v3 --skip-llamacpp --out "$OUT/kv_other_k3v3" ) \
+      > "$OUT/logs/bench_kv_other_k3v3.log" 2>&1
+    say "decode, ours k3v3 in .cache/ab_other (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_other_k3v3.log"
+    ( cd "$OUT" && tar czf kv_other.tgz kv_other_* && rm -rf kv_other_*/ )
+  fi
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 admissions)
