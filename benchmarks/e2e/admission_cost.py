@@ -1,12 +1,18 @@
 """What admitting a prompt into a batched-decode slot costs on the GPU: its prefill, a snapshot, a restore.
 
     python -m benchmarks.e2e.admission_cost --model M.gguf [--lengths 128,131,128,140,128,129,137,128] [--warm]
+        [--packs 3,9,15]
 
 Each prompt (random ids of the given length) is prefilled into its own slot of ``LLM.scheduler(16)``'s
 decoder, then snapshotted and restored into another slot; wall milliseconds of each with the stream
 synchronized. A length seen before may replay captured prefill graphs (engine/cuda_runner.py), so repeated
 lengths show the steady cost and new ones the first. The server's shutdown line (``ninfer serve: batched
 decode: ... prefills in ...``) gives the same cost in service.
+
+Then --packs: for each count k, k prompts (the lengths in turn) prefilled together by the decoder's
+prefill_many (one packed forward, as the scheduler admits three or more waiting prompts), twice: wall ms
+with the stream synchronized, the first time and again (kernels and plans first met, then the steady cost),
+beside k single prefills' sum from the table above.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--lengths", default="128,131,128,140,128,129,137,128")
     ap.add_argument("--warm", action="store_true", help="capture the prefill pieces first, as a server does")
+    ap.add_argument("--packs", default="3,9,15", help="prompts per packed prefill to time ('' for none)")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -33,6 +40,7 @@ def main(argv=None) -> int:
         print(f"prefill pieces captured in {dec.warm():.2f} s")
     rng = np.random.default_rng(0)
     print(f"{'slot':>4} {'tokens':>6} {'prefill ms':>10} {'snapshot ms':>11} {'restore ms':>10} {'MB':>7}")
+    singles = []                                        # each prefill's ms, in the order of lengths
     for s, n in enumerate(lengths):
         ids = rng.integers(0, llm.config.n_vocab, n).tolist()
         t0 = time.perf_counter()
@@ -47,6 +55,27 @@ def main(argv=None) -> int:
         t3 = time.perf_counter()
         print(f"{s:>4} {n:>6} {(t1 - t0) * 1e3:>10.1f} {(t2 - t1) * 1e3:>11.2f} {(t3 - t2) * 1e3:>10.2f} "
               f"{snap.nbytes / 1e6:>7.1f}")
+        singles.append((t1 - t0) * 1e3)
+    packs = [int(x) for x in a.packs.split(",") if x]
+    if packs and not hasattr(dec, "prefill_many"):
+        raise SystemExit("this decoder has no prefill_many")
+    if packs:
+        print(f"{'prompts':>7} {'tokens':>6} {'packed ms, first':>16} {'again':>7} {'singles ms':>10}")
+    for k in packs:
+        if not 1 <= k <= dec.n_slots:
+            raise SystemExit(f"a pack of {k}: at most {dec.n_slots} prompts (one per slot)")
+        ns = [lengths[j % len(lengths)] for j in range(k)]
+        items = [(j, rng.integers(0, llm.config.n_vocab, n).tolist()) for j, n in enumerate(ns)]
+        ms = []
+        for _ in range(2):
+            for j, _ids in items:
+                dec.reset(j)
+            t0 = time.perf_counter()
+            dec.prefill_many(items)
+            dec.stream.synchronize()
+            ms.append((time.perf_counter() - t0) * 1e3)
+        single = sum(singles[j % len(singles)] for j in range(k))
+        print(f"{k:>7} {sum(ns):>6} {ms[0]:>16.1f} {ms[1]:>7.1f} {single:>10.1f}")
     return 0
 
 

@@ -5,7 +5,8 @@
         [--out r.json]
 
 Ours: `ninfer serve --batch-slots B` in a subprocess (server_stream.py's deployment shape; B greedy streams
-decoded together, the rest wait for a slot); for each N, N clients send a
+decoded together, the rest wait for a slot); after a warm-up request and a warm-up burst of min(max N,
+B) short ones (first shapes of the batched step and of packed prefills), for each N, N clients send a
 streamed chat completion at once (a prompt of about --prompt-tokens tokens each, its own text, greedy,
 ignore_eos so each generates exactly --max-tokens). Per stream as its client sees it: decode t/s ((tokens -
 1) / (last delta - first delta)); aggregate: all generated tokens / the batch's wall time (first request
@@ -86,6 +87,9 @@ def ours(a, log) -> list[dict]:
         words = max(1, round(a.prompt_tokens * 0.75))          # about a token per word and a bit
         text = lambda: " ".join(rng.choice(WORDS, words))      # noqa: E731
         run_batch(url, model, [text()], 4)                     # warm-up: compile, capture, first request
+        burst = min(max(streams), a.batch_slots)
+        if burst > 1:       # and a burst: the batched step's and a packed prefill's first shapes (kernels, plans)
+            run_batch(url, model, [text() for _ in range(burst)], 4)
         rows = []
         for n in streams:
             row = run_batch(url, model, [text() for _ in range(n)], a.max_tokens)

@@ -49,7 +49,7 @@
 #               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
 #   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
 #               concurrency (STREAMS, default 1,16) without and with --pack-prompts, and prefix_gate (9B with
-#               the vocabulary; DEADLINE=s bounds the call)
+#               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
 #   STAGE=kvq_variants: bench_attn's f16 and coded-cache decode rows (both partials), the coded-cache decode GPU
 #               tests, then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
 #               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
@@ -315,6 +315,9 @@ packed)
   timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
     --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
   say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
+  timeout $(( $(left) < 90 ? $(left) : 90 )) python3 -m benchmarks.e2e.admission_cost --model models/q35-9b-vocab.gguf \
+    --warm --packs 3,9,15 > "$OUT/logs/admission.log" 2>&1
+  say "admission cost, singles and packs (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission.log" | tail -14
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kvq_variants)

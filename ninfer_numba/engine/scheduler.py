@@ -67,8 +67,9 @@ class Scheduler:
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
         # where the time goes (wall seconds on the calling thread): "prefill" (admissions, cache restores and
-        # snapshots included), "step" (the decoder's steps: launches, and the waits in collect); counts:
-        # "prefills", "steps", "rows" (sequences stepped, summed over steps)
+        # snapshots included; "packed": the part in packed forwards), "step" (the decoder's steps: launches, and
+        # the waits in collect); counts: "prefills" (sequences admitted), "packs" (packed forwards), "packed"
+        # (sequences admitted by them), "steps", "rows" (sequences stepped, summed over steps)
         self.seconds: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
         self._pipelined = hasattr(decoder, "launch")
@@ -143,8 +144,11 @@ class Scheduler:
     def summary(self) -> str:
         """One line: steps, mean rows, prefills, and the seconds of each."""
         steps = self.counts["steps"]
-        return (f"{steps} steps of {self.counts['rows'] / max(steps, 1):.1f} rows on average in "
-                f"{self.seconds['step']:.3f} s; {self.counts['prefills']} prefills in {self.seconds['prefill']:.3f} s")
+        c, sec = self.counts, self.seconds
+        packs = (f" ({c['packed']} of them in {c['packs']} packed forwards, {sec['packed']:.3f} s)"
+                 if c["packs"] else "")
+        return (f"{steps} steps of {c['rows'] / max(steps, 1):.1f} rows on average in "
+                f"{sec['step']:.3f} s; {c['prefills']} prefills in {sec['prefill']:.3f} s{packs}")
 
     def _admit(self) -> list[tuple[Sequence, int]]:
         """Seat waiting sequences and prefill them: the longest run from the front of the line whose prompt
@@ -166,11 +170,15 @@ class Scheduler:
         if len(pack) < PACK_MIN:
             seq = self._seat(self.waiting.popleft())
             return [(seq, self._prefill(seq))]
+        t0 = time.perf_counter()
         starts = [self._start(self._seat(self.waiting.popleft())) for _ in pack]
         tokens = dec.prefill_many([(q.slot, q.prompt_ids[b:]) for q, b in zip(pack, starts)])
         if cache is not None:
             for q in pack:
                 cache.keep(q.prompt_ids, lambda s=q.slot: dec.snapshot(s))
+        self.counts["packs"] += 1
+        self.counts["packed"] += len(pack)
+        self.seconds["packed"] += time.perf_counter() - t0
         return list(zip(pack, tokens))
 
     def _seat(self, seq: Sequence) -> Sequence:
