@@ -35,9 +35,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pdl", action="store_true",
                    help="launch each decode-step kernel only when the one before it has drained (default on "
                         "Hopper: scheduled while it drains, programmatic dependent launch)")
-    p.add_argument("--pack-prompts", action="store_true",
-                   help="with --batch-slots > 1: three or more waiting prompts prefilled in one forward "
-                        "(each weight read once for all of them) instead of one per step")
+    p.add_argument("--no-pack-prompts", action="store_true",
+                   help="with --batch-slots > 1: admit one waiting prompt per step instead of prefilling three or "
+                        "more in one forward (each weight read once for all of them; the default)")
     p.add_argument("--gpus", default="",
                    help="split the model by layers over these GPUs (cuda backend): a count or a list of ids, "
                         "0,0 for two shards on one GPU; `ninfer info --gpus` prints the split")
@@ -47,7 +47,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
     """EngineConfig fields from the flags of _add_engine_args (max_seq aside: callers may raise it)."""
     return dict(prefill_chunk=a.prefill_chunk, gemm=a.gemm, kv_type=a.kv_type,
                 prefill_graphs=not a.no_prefill_graphs, prefix_cache_mb=a.prefix_cache_mb, gpus=a.gpus, pdl=not a.no_pdl,
-                pack_prompts=a.pack_prompts)
+                pack_prompts=not a.no_pack_prompts)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:

@@ -239,7 +239,7 @@ class EngineConfig:
     pdl: bool = True               # decode-step kernels launched programmatically on sm_90+ (kernels/pdl.py)
     prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)
     prefix_cache_mb: int = 1024    # snapshots of states at prompt prefixes, reused across requests; 0: off
-    pack_prompts: bool = False     # batched serving: 3+ waiting prompts prefilled in one forward (scheduler.py)
+    pack_prompts: bool = True      # batched serving: 3+ waiting prompts prefilled in one forward (scheduler.py)
     snapshot_every: int = 2048     # a snapshot at every multiple of this many prompt tokens (prefix_cache.py)
     device: int = 0
     gpus: str = ""                 # split by layers over these GPUs: a count or a list of ids (shard_plan.py)

@@ -1,7 +1,7 @@
 """Concurrent streams through the server, beside llama.cpp's llama-batched-bench on the same file.
 
     python -m benchmarks.e2e.concurrency --model M.gguf [--backend cuda] [--streams 1,2,4,8,16,32]
-        [--batch-slots 16] [--pack-prompts] [--prompt-tokens 128] [--max-tokens 128] [--llama-batched-bench PATH | --no-llamacpp]
+        [--batch-slots 16] [--no-pack-prompts] [--prompt-tokens 128] [--max-tokens 128] [--llama-batched-bench PATH | --no-llamacpp]
         [--out r.json]
 
 Ours: `ninfer serve --batch-slots B` in a subprocess (server_stream.py's deployment shape; B greedy streams
@@ -79,7 +79,7 @@ def ours(a, log) -> list[dict]:
     streams = [int(x) for x in a.streams.split(",")]
     cmd = [sys.executable, "-m", "ninfer_numba", "serve", "--model", a.model, "--backend", a.backend, "--port",
            str(a.port), "--max-seq", str(a.prompt_tokens + a.max_tokens + 256), "--max-queue", str(max(streams) + 8),
-           "--batch-slots", str(a.batch_slots)] + (["--pack-prompts"] if a.pack_prompts else [])
+           "--batch-slots", str(a.batch_slots)] + (["--no-pack-prompts"] if a.no_pack_prompts else [])
     with running_server(cmd, url, a.startup_timeout, log):
         import httpx
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--streams", default="1,2,4,8,16,32")
     ap.add_argument("--batch-slots", type=int, default=16, help="the server's --batch-slots")
-    ap.add_argument("--pack-prompts", action="store_true", help="the server's --pack-prompts")
+    ap.add_argument("--no-pack-prompts", action="store_true", help="the server's --no-pack-prompts")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--port", type=int, default=8766)

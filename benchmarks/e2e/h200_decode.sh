@@ -48,7 +48,7 @@
 #               decode rows (f16 and coded caches), the engine's batched step,
 #               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
 #   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
-#               concurrency (STREAMS, default 1,16) without and with --pack-prompts, and prefix_gate (9B with
+#               concurrency (STREAMS, default 1,16) with --no-pack-prompts and without, and prefix_gate (9B with
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
 #   STAGE=kvq_variants: bench_attn's f16 and coded-cache decode rows (both partials), the coded-cache decode GPU
 #               tests, then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
@@ -306,11 +306,11 @@ packed)
   genv=$!
   gpu_tests 200 4 test_packed "batched decoder (packed prompts), engine" tests/model/test_batched_decode.py tests/engine
   wait $genv
-  for pack in "" --pack-prompts; do
+  for pack in --no-pack-prompts ""; do
     timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf \
       --backend cuda --batch-slots 16 --streams ${STREAMS:-1,16} --no-llamacpp $pack \
-      --out "$OUT/concurrency${pack:+_packed}.json" > "$OUT/logs/concurrency${pack:+_packed}.log" 2>&1
-    say "concurrency ${pack:-unpacked} (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency${pack:+_packed}.log" | tail -12
+      --out "$OUT/concurrency${pack:+_unpacked}.json" > "$OUT/logs/concurrency${pack:+_unpacked}.log" 2>&1
+    say "concurrency ${pack:-packed} (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency${pack:+_unpacked}.log" | tail -12
   done
   timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
     --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1

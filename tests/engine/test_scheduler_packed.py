@@ -102,7 +102,7 @@ def test_packed_prompts_restore_their_cached_prefix_and_are_kept():
         assert q.generated == alone(q.prompt_ids, q.max_tokens), q
 
 
-def test_packing_is_off_unless_asked():
+def test_packing_off_admits_one_per_step():
     dec = PackingSlots(4)
     sched = Scheduler(dec, pack=False)
     for i in range(4):
@@ -113,7 +113,8 @@ def test_packing_is_off_unless_asked():
 
 def test_the_engine_flag_reaches_the_scheduler():
     from ninfer_numba.config import EngineConfig
-    assert EngineConfig().pack_prompts is False
-    from ninfer_numba.cli import build_parser
-    a = build_parser().parse_args(["serve", "--model", "m.gguf", "--pack-prompts"])
-    assert a.pack_prompts is True
+    assert EngineConfig().pack_prompts is True
+    from ninfer_numba.cli import _engine_kwargs, build_parser
+    a = build_parser().parse_args(["serve", "--model", "m.gguf", "--no-pack-prompts"])
+    assert _engine_kwargs(a)["pack_prompts"] is False
+    assert _engine_kwargs(build_parser().parse_args(["serve", "--model", "m.gguf"]))["pack_prompts"] is True
