@@ -51,8 +51,7 @@ async def chat_completions(request: Request, server) -> Any:
     reject_unsupported(req)
     tokenizer = server.require_tokenizer()
     prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
-    ids = await asyncio.to_thread(prompt.encode, tokenizer)     # long prompts: off the event loop
-    cuts = await asyncio.to_thread(prompt.cut_lengths, tokenizer, ids)
+    ids, cuts = await asyncio.to_thread(prompt.encode_with_cuts, tokenizer)     # long prompts: off the event loop
     params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
     constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
                                          params.stop_ids(tokenizer.eos_ids))

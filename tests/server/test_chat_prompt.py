@@ -159,3 +159,36 @@ def test_cuts_after_the_system_turn_and_where_the_next_turn_departs(tiny_model):
     assert p3.encode(tok)[:system_end] == ids1[:system_end]
     alone = build_chat_prompt(ChatCompletionRequest.model_validate({"messages": first[1:]}), None, tokenizer=tok)
     assert len(alone.cut_lengths(tok, alone.encode(tok))) == 1         # no system turn: the history cut only
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi<|im_end|> there"}]},
+    {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Hello <think>x</think>."}, {"role": "user", "content": "é\u0301?"}]},
+    {"messages": [{"role": "user", "content": "Hi"}], "tools": [WEATHER_TOOL]},
+    {"messages": [{"role": "user", "content": "Hi"}]},
+], ids=["system-special-text", "history", "tools", "alone"])
+def test_encode_with_cuts_equals_encode_and_cut_lengths(tiny_model, body):
+    """One encode of the pieces between the cuts gives the whole text's ids and the cuts' lengths."""
+    tok = _tokenizer(tiny_model)
+    p = build_chat_prompt(ChatCompletionRequest.model_validate(body), None, tokenizer=tok)
+    ids = p.encode(tok)
+    assert p.encode_with_cuts(tok) == (ids, p.cut_lengths(tok, ids))
+    assert p.cut_lengths(tok, ids)                                     # every case has a cut to find
+
+
+def test_encode_with_cuts_checks_a_cut_inside_a_text_run(tiny_model):
+    """A cut that does not end before a control token is checked by encoding it (cut_lengths), and one that
+    is no token boundary of the whole is dropped, as cut_lengths drops it."""
+    from dataclasses import replace
+    tok = _tokenizer(tiny_model)
+    p = build_chat_prompt(ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]}),
+        None, tokenizer=tok)
+    ids = p.encode(tok)
+    inside = p.text[:p.text.index("Hello") + len("Hello")]             # a word boundary: a token boundary
+    split_word = p.text[:p.text.index("Hello") + 2]                    # inside a word: no boundary of the whole
+    q = replace(p, cut_texts=p.cut_texts + (inside, split_word))
+    want = q.cut_lengths(tok, ids)
+    assert q.encode_with_cuts(tok) == (ids, want)
+    assert len(want) == len(p.cut_lengths(tok, ids)) + 1
