@@ -158,11 +158,11 @@ def _cmd_info(a: argparse.Namespace) -> int:
     print(f"tensor types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
     print(f"memory         weights {total / 1e9:.3f} GB; KV cache f16 {kv_per_tok / 1024:.0f} KiB/token; "
           f"recurrent state {state / 2**20:.1f} MiB/sequence")
-    from ninfer_numba.kernels.kvq.ref import vector_bytes
-    per_head = {kv: sum(vector_bytes(kv, c.head_dim)) for kv in KV_CACHE_TYPES}
+    from ninfer_numba.engine.cache import kv_memory_bytes
+    kv = {t: kv_memory_bytes(c, t, c.context_length) for t in KV_CACHE_TYPES}
     print(f"KV cache at    {c.context_length:,} tokens: " + ", ".join(
-        f"{kv} {len(c.attention_layers) * c.n_head_kv * b * c.context_length / 1e9:.2f} GB"
-        for kv, b in per_head.items()))
+        f"{t} {cache / 1e9:.2f} GB" + (f" + {scratch / 1e9:.2f} GB f16 scratch" if scratch else "")
+        for t, (cache, scratch) in kv.items()))
     tok = w.file.kv.get("tokenizer.ggml.model")
     print(f"tokenizer      {tok}, chat template {'yes' if 'tokenizer.chat_template' in w.file.kv else 'no'}")
     if a.gpus:

@@ -20,6 +20,18 @@ def kvq_cache_shapes(kv_type: str, Hkv: int, max_seq: int, d: int):
             ((Hkv, max_seq, d * v_bits // 8), np.uint8), ((Hkv, max_seq), np.uint16)]
 
 
+def kv_memory_bytes(c: ModelConfig, kv_type: str, max_seq: int) -> tuple[int, int]:
+    """(the attention layers' caches, the shared float16 scratch) in bytes for one sequence of max_seq
+    tokens, as SequenceState allocates them: f16, [Hkv, max_seq, d] float16 K and V per layer and no
+    scratch; a coded type, each layer's codes and norms plus one float16 K and V scratch of the same
+    [Hkv, max_seq, d] shared by every layer (the new rows before coding, a prefill's decoded history)."""
+    from ninfer_numba.kernels.kvq.ref import vector_bytes
+    vectors = len(c.attention_layers) * c.n_head_kv * max_seq
+    if kv_type == "f16":
+        return vectors * sum(vector_bytes("f16", c.head_dim)), 0
+    return vectors * sum(vector_bytes(kv_type, c.head_dim)), c.n_head_kv * max_seq * sum(vector_bytes("f16", c.head_dim))
+
+
 class SequenceState:
     """Device memory of one sequence: KV caches, GDN conv and recurrent states, position counters.
 
@@ -49,6 +61,13 @@ class SequenceState:
         self.pos = cuda.device_array(1, np.int32, stream=stream)        # tokens already in the caches
         self.kv_len = cuda.device_array(1, np.int32, stream=stream)     # pos + tokens of this forward
         self.host_pos = 0
+
+    def kv_bytes(self) -> tuple[int, int]:
+        """(the attention layers' caches, the float16 scratch coded caches share) in bytes, as allocated."""
+        if self.kvq:
+            scratch = {id(a): a.nbytes for a in (*self.k_cache.values(), *self.v_cache.values())}
+            return sum(a.nbytes for arrays in self.kvq.values() for a in arrays), sum(scratch.values())
+        return sum(a.nbytes for a in (*self.k_cache.values(), *self.v_cache.values())), 0
 
     def reset(self, stream) -> None:
         """Zero the recurrent states and the position (KV rows beyond the position are never read)."""

@@ -94,6 +94,9 @@ class LLM:
         out = {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
                "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs,
                "pdl": e.pdl, "pack_prompts": e.pack_prompts}
+        state = getattr(self.runner, "state", None)
+        if state is not None and hasattr(state, "kv_bytes"):     # the GPU runner's sequence, as allocated
+            out["kv_cache_bytes"], out["kv_scratch_bytes"] = state.kv_bytes()
         plan = getattr(self.runner, "plan", None)
         if plan is not None:
             out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]

@@ -85,14 +85,35 @@ def test_gpu_coded_cache_against_the_reference(tmp_path, kv_type):
 
 def test_info_reports_each_cache_at_the_full_context(tiny_model, capsys):
     """27B arithmetic of the same formula: 16 attention layers x 4 KV heads x (98 + 98) bytes x 262,144
-    tokens = 3.29 GB for k3v3 against 17.18 GB in f16."""
+    tokens = 3.29 GB for k3v3 against 17.18 GB in f16, plus the coded caches' shared float16 scratch of
+    one layer's K and V (4 x 262,144 x 256 x 2 x 2 bytes = 1.07 GB)."""
+    from types import SimpleNamespace
+
     from ninfer_numba.cli import main
+    from ninfer_numba.engine.cache import kv_memory_bytes
     from ninfer_numba.kernels.kvq.ref import vector_bytes
     assert main(["info", "--model", tiny_model]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache at")][0]
-    assert all(kv in line for kv in KV_CACHE_TYPES)
+    assert all(kv in line for kv in KV_CACHE_TYPES) and line.count("f16 scratch") == len(KV_CACHE_TYPES) - 1
     assert vector_bytes("k3v3", 256) == (98, 98) and vector_bytes("f16", 256) == (512, 512)
-    assert round(16 * 4 * sum(vector_bytes("k3v3", 256)) * 262144 / 1e9, 2) == 3.29
+    c27 = SimpleNamespace(attention_layers=range(16), n_head_kv=4, head_dim=256)
+    codes, scratch = kv_memory_bytes(c27, "k3v3", 262144)
+    assert (round(codes / 1e9, 2), round(scratch / 1e9, 2)) == (3.29, 1.07)
+    assert [round(b / 1e9, 2) for b in kv_memory_bytes(c27, "f16", 262144)] == [17.18, 0.0]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("kv_type", ["f16", "k3v3", "k4v4"])
+def test_a_states_kv_bytes_are_the_formulas(tiny_model, kv_type):
+    """What SequenceState allocates is what kv_memory_bytes (ninfer info) says, scratch counted once."""
+    from ninfer_numba.engine.cache import SequenceState, kv_memory_bytes
+    from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+    from ninfer_numba.model.weights import open_model
+    if not SIMULATOR:
+        pytest.skip("allocation arithmetic: the simulator suffices")
+    c = open_model(tiny_model).config
+    st = SequenceState(c, 40, cuda.default_stream(), kv_type=kv_type)
+    assert st.kv_bytes() == kv_memory_bytes(c, kv_type, 40)
 
 
 @pytest.mark.cudasim
