@@ -53,6 +53,10 @@
 #   STAGE=kvq_variants: bench_attn's f16 and coded-cache decode rows (both partials), the coded-cache decode GPU
 #               tests, then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
 #               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
+#   STAGE=long_context: the 27b file, then benchmarks.e2e.long_context on it at its whole context (262,144
+#               tokens: a prefill of 261,760, then decodes) with KV (k3v3):
+#               one prefill in 8K chunks with progress lines, 3 decodes of 128 tokens from that depth, the
+#               KV memory as allocated and in ninfer info's formula (issue 14), in what is left of DEADLINE
 #   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
 #               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
 #               .cache/ab_base when carried and in this tree, in what is left of DEADLINE (570) s;
@@ -337,6 +341,16 @@ kvq_variants)
     say "decode, ours k3v3 in .cache/ab_other (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_other_k3v3.log"
     ( cd "$OUT" && tar czf kv_other.tgz kv_other_* && rm -rf kv_other_*/ )
   fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+long_context)
+  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
+  [ -f models/q35-27b.gguf ] || python3 -m ninfer_numba make-model --shape 27b --no-vocab --out models/q35-27b.gguf \
+    > "$OUT/logs/make_27b.log" 2>&1
+  python3 -m ninfer_numba info --model models/q35-27b.gguf | grep "KV cache at"
+  timeout $(left) python3 -m benchmarks.e2e.long_context --model models/q35-27b.gguf --kv-type ${KV:-k3v3} \
+    ${DEPTH:+--depth $DEPTH} --out "$OUT/long_context.json" > "$OUT/logs/long_context.log" 2>&1
+  say "long_context (exit $?):"; grep -v "^WARNING" "$OUT/logs/long_context.log" | tail -8
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 admissions)
