@@ -31,12 +31,13 @@ from benchmarks.ceilings import ModelCost, measure_ceilings, null_ceilings, roof
 from benchmarks.records import (RECORDS_FILE, BenchTest, best_ubatch, llama_record,
                                 ninfer_record, parse_tests, read_llama_bench_jsonl, run_folder_name,
                                 write_records)
+from ninfer_numba.config import KV_CACHE_TYPES
 
 GPU_TESTS = "pp512,pp2048,pp8192,pp32768,tg128,tg128@d8192,tg128@d32768"
 CPU_TESTS = "pp128,pp512,tg16"
 SHAPES = ("tiny", "0.8b", "2b", "4b", "9b", "27b")
 UBATCH_SIZES = "512,1024,2048"
-LLAMACPP_KV_TYPES = {"f16": "f16", "q8": "q8_0", "q8_0": "q8_0"}   # ours -> llama.cpp's -ctk/-ctv name
+LLAMACPP_KV_TYPES = {"f16": "f16"}   # ours -> llama.cpp's -ctk/-ctv: the coded ones (k3v3 ...) it has not
 LLAMACPP_CACHE_CHOICES = ("f16", "q8_0", "q4_0")
 RESULTS_DIR = llamacpp.REPO_ROOT / "results"
 
@@ -54,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated llama-bench tests (default with a GPU: {GPU_TESTS}; without: {CPU_TESTS})")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per test (>= 1; protocol: >= 3)")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--kv-type", default="f16", help="our KV cache type (llama.cpp runs f16 or q8_0)")
+    parser.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
+                        help="our KV cache type (llama.cpp runs --llamacpp-kv-type, f16 unless given)")
     parser.add_argument("--llamacpp-kv-type", choices=LLAMACPP_CACHE_CHOICES, default=None,
                         help="llama.cpp's -ctk/-ctv (default: ours where it has it, else f16)")
     parser.add_argument("--gemm", choices=["auto", "w8a16", "mma", "dp4a"], default="auto",

@@ -38,7 +38,8 @@ def test_llamacpp_commands_match_the_protocol():
 
 
 def test_llamacpp_commands_group_and_map_kv_types():
-    lc_kv = harness.llamacpp_kv_type("q8", None)
+    assert harness.llamacpp_kv_type("f16", None) == "f16"
+    lc_kv = harness.llamacpp_kv_type("k4v4", "q8_0")
     cmds = harness.llamacpp_commands(Path("b"), Path("m"), parse_tests("tg16,pp128,tg32@d64,tg16@d64"), 1, lc_kv)
     assert [c[c.index("-p"):c.index("-p") + 6] for c in cmds] == [
         ["-p", "128", "-n", "0", "-d", "0"], ["-p", "0", "-n", "16", "-d", "0,64"], ["-p", "0", "-n", "32", "-d", "64"]]
