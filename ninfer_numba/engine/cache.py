@@ -27,9 +27,10 @@ def kv_memory_bytes(c: ModelConfig, kv_type: str, max_seq: int) -> tuple[int, in
     [Hkv, max_seq, d] shared by every layer (the new rows before coding, a prefill's decoded history)."""
     from ninfer_numba.kernels.kvq.ref import vector_bytes
     vectors = len(c.attention_layers) * c.n_head_kv * max_seq
+    f16_pair = sum(vector_bytes("f16", c.head_dim))           # one key and one value in float16
     if kv_type == "f16":
-        return vectors * sum(vector_bytes("f16", c.head_dim)), 0
-    return vectors * sum(vector_bytes(kv_type, c.head_dim)), c.n_head_kv * max_seq * sum(vector_bytes("f16", c.head_dim))
+        return vectors * f16_pair, 0
+    return vectors * sum(vector_bytes(kv_type, c.head_dim)), c.n_head_kv * max_seq * f16_pair
 
 
 class SequenceState:
