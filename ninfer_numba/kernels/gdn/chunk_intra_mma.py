@@ -28,8 +28,6 @@ the diagonal), written as packed pairs.
 import math
 from functools import lru_cache
 
-import numpy as np
-
 from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
@@ -279,8 +277,7 @@ def chunk_intra_mma_kernel(S: int, Hk: int, Hv: int):
 def launch_chunk_intra_mma(ws, T: int, stream=0) -> None:
     """chunk_intra_mma over the first T rows of workspace ``ws`` (chunk.py's GdnPrefillWorkspace)."""
     kernel = chunk_intra_mma_kernel(ws.S, ws.Hk, ws.Hv)
-    args = (ws.v, ws.qk16.view(np.uint32).reshape(ws.qk16.size // 2), ws.beta, ws.g, ws.G,
-            ws.W16.view(np.uint32), ws.U, ws.P16.view(np.uint32), T)
+    args = (ws.v, ws.qk16_words, ws.beta, ws.g, ws.G, ws.W16_pairs, ws.U, ws.P16_pairs, T)
     nbytes = 4 * intra_smem_words(ws.S)
     allow_dynamic_smem(kernel, args, nbytes)
     kernel[((T + BT - 1) // BT, ws.Hv), TPB, stream, nbytes](*args)

@@ -26,7 +26,6 @@ ldmatrix phase start in 8 different 4-bank groups, and 16-byte aligned:
 import math
 from functools import lru_cache
 
-import numpy as np
 from numba import float32, types, uint32
 
 from ninfer_numba.kernels import ptx
@@ -35,7 +34,7 @@ from ninfer_numba.kernels.flash_attn.mma_f16 import mma_into, pack_f16x2
 from ninfer_numba.kernels.gdn.chunk_form import BT
 from ninfer_numba.kernels.gdn.row_stage import make_row_stager
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
 from ninfer_numba.kernels.ptx import ldmatrix_x4, ldmatrix_x4_trans
 
 N_WARPS = 8
@@ -291,13 +290,10 @@ def chunk_state_f16_kernel(S: int, Hk: int, Hv: int, BV: int):
 def launch_chunk_state_f16(ws, state, o_out, T: int, stream=0, bv: int | None = None) -> None:
     """chunk_state_f16 over the first T rows of workspace ``ws``: state [Hv, S, S] in/out, o_out [T, Hv*S].
     bv: value columns per block (default state_tile's for this device)."""
-    n_sm = 0 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    n_sm = 0 if SIMULATOR else sm_count()
     BV = state_tile(ws.S, ws.Hv, n_sm, bv)
     kernel = chunk_state_f16_kernel(ws.S, ws.Hk, ws.Hv, BV)
-    u32 = np.uint32
-    args = (ws.qk16.view(u32).reshape(ws.qk16.size // 2), ws.G, ws.W16.view(u32).reshape(ws.W16.size // 2),
-            ws.U.reshape(ws.U.size), ws.P16.view(u32).reshape(ws.P16.size // 2), state,
-            o_out.reshape(o_out.size), T)
+    args = (ws.qk16_words, ws.G, ws.W16_words, ws.U_flat, ws.P16_words, state, o_out.reshape(o_out.size), T)
     nbytes = state_smem_bytes(ws.S, BV)
     allow_dynamic_smem(kernel, args, nbytes)
     kernel[(ws.S // BV, ws.Hv), TPB, stream, nbytes](*args)
