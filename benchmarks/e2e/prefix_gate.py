@@ -41,7 +41,15 @@ def ask(http, model: str, messages: list[dict], max_tokens: int) -> dict:
     parts = [d.get("content") or "" for _, d in deltas]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"ttft": first if first is not None else time.perf_counter() - t0, "text": "".join(parts),
-            "prompt": usage["prompt_tokens"], "cached": cached}
+            "prompt": usage["prompt_tokens"], "cached": cached, "timings": usage.get("timings")}
+
+
+def phases(t: dict | None) -> str:
+    """The server's timings of one request (worker.JobOutput.timings), in one parenthesis."""
+    if not t:
+        return ""
+    return (f" (server: prepare {t['prepare_ms']:.1f}, queue {t['queue_ms']:.1f}, prefill {t['prefill_ms']:.1f} "
+            f"ms to its first token)")
 
 
 def main(argv=None) -> int:
@@ -76,9 +84,10 @@ def main(argv=None) -> int:
             two_turns(text_of(llm.tokenizer, history, start=3))
             t1, t2 = two_turns(long_text)
             print(f"turn 1: {t1['prompt']} prompt tokens, {t1['cached']} cached, first token after "
-                  f"{t1['ttft'] * 1e3:.1f} ms")
+                  f"{t1['ttft'] * 1e3:.1f} ms{phases(t1['timings'])}")
             print(f"turn 2 (after another client): {t2['prompt']} prompt tokens, {t2['cached']} cached, first "
-                  f"token after {t2['ttft'] * 1e3:.1f} ms = {t2['ttft'] / t1['ttft']:.1%} of turn 1's")
+                  f"token after {t2['ttft'] * 1e3:.1f} ms = {t2['ttft'] / t1['ttft']:.1%} of turn 1's"
+                  f"{phases(t2['timings'])}")
             runs = [ask(http, model, [{"role": "system", "content": long_text},
                                       {"role": "user", "content": f"Client {i}: what now?"}], a.max_tokens)
                     for i in range(a.clients)]

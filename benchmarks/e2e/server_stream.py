@@ -64,7 +64,8 @@ def running_server(cmd: list[str], url: str, startup_timeout: float, log):
 
 def chat_deltas(http, body: dict) -> tuple[list[tuple[float, dict]], dict]:
     """A streamed chat completion (body with stream and stream_options.include_usage) through an httpx-style
-    client whose base is the server: each choice's delta with its arrival time, and the usage."""
+    client whose base is the server: each choice's delta with its arrival time, and the usage (with the
+    server's per-phase "timings" in milliseconds under that key, when it sent them)."""
     deltas, usage = [], None
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
@@ -74,6 +75,8 @@ def chat_deltas(http, body: dict) -> tuple[list[tuple[float, dict]], dict]:
                 continue
             event = json.loads(line[len("data: "):])
             usage = event.get("usage") or usage
+            if "timings" in event and usage is not None:
+                usage = {**usage, "timings": event["timings"]}
             deltas += [(time.perf_counter(), c.get("delta", {})) for c in event.get("choices", [])]
     return deltas, usage
 

@@ -49,6 +49,7 @@ class Sequence:
     slot: int | None = None
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0                 # prompt tokens restored from the prefix cache
+    admitted_at: float | None = None       # time.perf_counter() when it took a slot (its prefill began)
     finish_reason: str | None = None       # once retired: "stop", "length" or "cancelled"
 
     @property
@@ -182,6 +183,7 @@ class Scheduler:
         return list(zip(pack, tokens))
 
     def _seat(self, seq: Sequence) -> Sequence:
+        seq.admitted_at = time.perf_counter()
         seq.slot = self.slots.index(None)
         self.slots[seq.slot] = seq
         return seq

@@ -75,6 +75,8 @@ class BatchedJobs:
             out = self._jobs.get(seq)
             if out is None or out.job.cancelled:     # ended earlier in this step, or retired before the next
                 continue
+            if out.job.started is None:              # the engine started on it at its admission
+                out.job.started = seq.admitted_at
             try:
                 ended = out.push(token)
             except Exception as exc:  # this job's text could not be made: it alone fails

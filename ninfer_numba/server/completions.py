@@ -7,6 +7,7 @@ not to retry (non-streaming). A client that goes away cancels its job.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -46,6 +47,7 @@ def _completion_prompt_ids(req: CompletionRequest, tokenizer, n_vocab: int) -> l
 
 
 async def chat_completions(request: Request, server) -> Any:
+    received = time.perf_counter()
     req = parse_request(ChatCompletionRequest, await server.read_json(request))
     server.check_model(req.model)
     reject_unsupported(req)
@@ -56,7 +58,7 @@ async def chat_completions(request: Request, server) -> Any:
     constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
                                          params.stop_ids(tokenizer.eos_ids))
     job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint,
-              snapshot_at=cuts)
+              snapshot_at=cuts, received=received)
     header = server.header("chat", req)
     server.submit(job)
     if req.stream:
@@ -70,13 +72,14 @@ async def chat_completions(request: Request, server) -> Any:
 
 
 async def completions(request: Request, server) -> Any:
+    received = time.perf_counter()
     req = parse_request(CompletionRequest, await server.read_json(request))
     server.check_model(req.model)
     reject_unsupported(req)
     tokenizer = server.require_tokenizer()
     ids = _completion_prompt_ids(req, tokenizer, server.llm.config.n_vocab)
     params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
-    job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop())
+    job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop(), received=received)
     header = server.header("text", req)
     echo = tokenizer.decode(ids) if req.echo else ""
     server.submit(job)
@@ -172,7 +175,7 @@ async def _stream(job: Job, header: ResponseHeader, opening: list[dict[str, Any]
             if isinstance(item, Finished):
                 yield sse(header.chunk([{**last, "finish_reason": item.reason}]))
                 if header.include_usage:
-                    yield sse(header.chunk([], usage(item)))
+                    yield sse(header.chunk([], usage(item), item.timings))
                 break
             if isinstance(item, Failed):
                 yield _error_event(item.message)

@@ -41,18 +41,24 @@ class ResponseHeader:
         self.fingerprint = fingerprint
         self.include_usage = include_usage
 
-    def chunk(self, choices: list[dict[str, Any]], usage_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def chunk(self, choices: list[dict[str, Any]], usage_body: dict[str, Any] | None = None,
+              timings: dict[str, float] | None = None) -> dict[str, Any]:
+        """One SSE chunk; the usage chunk also carries the request's timings (worker.JobOutput.timings, in the
+        place llama.cpp's server puts its own), a field OpenAI clients keep as an extra."""
         out = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
                "choices": choices}
         if self.include_usage:
             out["usage"] = usage_body
+        if timings is not None:
+            out["timings"] = timings
         return out
 
     def body(self, choice: dict[str, Any], done: Finished) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
-                "choices": [choice], "usage": usage(done)}
+                "choices": [choice], "usage": usage(done),
+                **({"timings": done.timings} if done.timings else {})}
 
 
 def chat_deltas(events: list[Any]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ class Finished:
     completion_tokens: int    # every id the engine yielded, end-of-turn token included
     reasoning_tokens: int
     cached_tokens: int = 0    # prompt tokens reused from the previous sequence's state (engine/llm.py)
+    timings: dict[str, float] | None = None   # milliseconds of the request's phases (JobOutput.finish)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +83,14 @@ class Job:
     """One request's generation. Events (lists of parser events, then Finished or Failed) go to `events`."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], parser: Any,
-                 loop: asyncio.AbstractEventLoop, constraint=None, snapshot_at: tuple[int, ...] = ()):
+                 loop: asyncio.AbstractEventLoop, constraint=None, snapshot_at: tuple[int, ...] = (),
+                 received: float | None = None):
         self.prompt_ids = prompt_ids
+        # time.perf_counter() when the request arrived (its handler's start), was submitted, and when the
+        # engine started on it (run_job; the scheduler's admission on the batched path): JobOutput's timings
+        self.received = time.perf_counter() if received is None else received
+        self.submitted: float | None = None
+        self.started: float | None = None
         self.snapshot_at = snapshot_at        # prompt prefixes worth a state snapshot (server/chat.py cuts)
         self.params = params
         self.constraint = constraint          # a grammar over the generated tokens (engine/constraint.py)
@@ -123,6 +131,7 @@ class GenerationWorker:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
+        job.submitted = time.perf_counter()
         with self._wake:
             self._line.append(job)
             self._wake.notify()
@@ -212,11 +221,15 @@ class JobOutput:
         self.stops = StopStringFilter(job.stops)
         self.n_generated = self.n_reasoning = 0
         self.stopped = False      # a stop token or a stop string ended the text
+        self.first_at = self.last_at = None   # time.perf_counter() of the first and the last token
 
     def push(self, token_id: int, logprob=None) -> bool:
         """One generated token (with its engine.sampling.TokenLogprob when the job asked for logprobs); True
         once the text has ended."""
         self.n_generated += 1
+        self.last_at = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = self.last_at
         if self.job.parser.state == REASONING:
             self.n_reasoning += 1
         if token_id in self.stop_ids:
@@ -231,7 +244,8 @@ class JobOutput:
         return self.stopped
 
     def finish(self, cached_tokens: int) -> None:
-        """The held-back text and the parser's last events, then Finished ("length" unless the text ended)."""
+        """The held-back text and the parser's last events, then Finished ("length" unless the text ended),
+        with the request's timings."""
         parser = self.job.parser
         tail = self.stops.push(self.decoder.flush())
         events = parser.feed(tail + self.stops.flush()) + parser.finish()
@@ -239,13 +253,27 @@ class JobOutput:
             self.job.post(events)
         reason = "length" if not self.stopped else "tool_calls" if parser.tool_calls else "stop"
         self.job.post(Finished(reason, len(self.job.prompt_ids), self.n_generated, self.n_reasoning,
-                               cached_tokens))
+                               cached_tokens, self.timings()))
+
+    def timings(self) -> dict[str, float] | None:
+        """Milliseconds between the request's marks: prepare (arrival to submission: parsing, the template,
+        tokenization), queue (to the engine starting on it), prefill (to its first token: cache restore,
+        prompt forwards, snapshots), decode (first to last token); first_token is their first three summed.
+        None when a mark is missing (no token was made)."""
+        job = self.job
+        marks = (job.received, job.submitted, job.started, self.first_at, self.last_at)
+        if any(m is None for m in marks):
+            return None
+        ms = [round((b - a) * 1e3, 3) for a, b in zip(marks, marks[1:])]
+        return {"prepare_ms": ms[0], "queue_ms": ms[1], "prefill_ms": ms[2], "decode_ms": ms[3],
+                "first_token_ms": round((self.first_at - job.received) * 1e3, 3)}
 
 
 def run_job(llm, job: Job) -> None:
     """The job alone on the engine's single-sequence path (LLM.stream)."""
     out = JobOutput(llm.tokenizer, job)
     with_logprobs = job.params.logprobs is not None
+    job.started = time.perf_counter()
     stream = llm.stream(job.prompt_ids, job.params, job.constraint, snapshot_at=job.snapshot_at)
     try:
         for token_id in stream:

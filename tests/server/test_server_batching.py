@@ -85,3 +85,20 @@ def test_a_client_leaving_mid_batch_frees_its_slot_and_spares_the_others(servers
     assert results == want
     assert sched.retired - before == Counter({"cancelled": 1, "length": 2})
     assert wait_for(lambda: not sched.busy, timeout=20.0)
+
+
+@pytest.mark.parametrize("which", ["alone", "batched"])
+def test_responses_carry_the_request_phases_timings(servers, which):
+    """A non-streamed and a streamed (usage chunk) response carry the request's timings in milliseconds,
+    on the single-sequence path and the scheduler's: every phase non-negative, the first token's time their
+    first three summed."""
+    server = dict(zip(("alone", "batched"), servers))[which]
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "timings"}], max_tokens=4, temperature=0,
+                extra_body={"ignore_eos": True})
+    whole = server.client().chat.completions.create(**body)
+    last = list(server.client().chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                         **body))[-1]
+    for t in (whole.model_extra["timings"], last.model_extra["timings"]):
+        assert set(t) == {"prepare_ms", "queue_ms", "prefill_ms", "decode_ms", "first_token_ms"}
+        assert all(v >= 0 for v in t.values()) and t["prefill_ms"] > 0
+        assert t["first_token_ms"] == pytest.approx(t["prepare_ms"] + t["queue_ms"] + t["prefill_ms"], abs=0.01)
