@@ -48,6 +48,29 @@ from ninfer_numba.model.gpu_weights import GpuWeights, Q8Matrix
 KVQ_SPLITS = 128                  # split-K blocks per KV head of the coded-cache decode attention
 
 
+class _Views:
+    """Views of long-lived device arrays, each made once: a DeviceNDArray slice or reshape costs ~10-30 µs of
+    Python, and an eager forward takes a dozen per layer (per part too in a packed forward). Keyed by the
+    base's id and the view's extent; an entry is used only while its base is that very object (an id may be
+    reused once a short-lived base is gone); cleared when it holds ``limit`` views (eager forwards of ever
+    new lengths)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._views: dict = {}
+        self.limit = limit
+
+    def get(self, base, extent: tuple, make):
+        key = (id(base),) + extent
+        hit = self._views.get(key)
+        if hit is not None and hit[0] is base:
+            return hit[1]
+        if len(self._views) >= self.limit:
+            self._views.clear()
+        view = make()
+        self._views[key] = (base, view)
+        return view
+
+
 class Buffers:
     """Activations for up to ``t_max`` tokens per forward, allocated once (nothing allocates per step)."""
 
@@ -67,17 +90,28 @@ class Buffers:
         self.y = dev((t_max * max(c.ssm_inner, c.head_dim * c.n_head),), np.float32)  # [T, mixer width]
         self.q = dev((t_max, c.n_head, c.head_dim), np.float16)             # [T, H, d] rotated queries
         self.p_gdn, self.p_attn = p_gdn, p_attn
+        self._views = _Views()
 
     def act(self, t: int, k: int):
         """int8 activations [t, k] and scales [t, k/32] as views of the shared buffers."""
-        return self.xq[: t * k].reshape(t, k), self.xs[: t * k // 32].reshape(t, k // 32)
+        return self.mat(self.xq, t, k), self.mat(self.xs, t, k // 32)
 
     def act_f16(self, t: int, k: int):
         """float16 activations [t, k] (fragment order) as a view of the shared buffer."""
-        return self.xh[: t * k].reshape(t, k)
+        return self.mat(self.xh, t, k)
 
     def mat(self, buf, t: int, n: int):
-        return buf[: t * n].reshape(t, n)
+        """A flat buffer's first t·n elements as [t, n]."""
+        return self._views.get(buf, (t, n), lambda: buf[: t * n].reshape(t, n))
+
+    def queries(self, t: int):
+        """The rotated queries of t tokens, [t, H, d]."""
+        return self._views.get(self.q, (t,), lambda: self.q[:t])
+
+    def part(self, a, r0: int, n: int, t: int):
+        """Rows [r0, r0 + n) of a [t, ...] view (the view itself when that is all of it): one part of a packed
+        forward."""
+        return a if r0 == 0 and n == t else self._views.get(a, ("rows", r0, n), lambda: a[r0:r0 + n])
 
 
 class Qwen35Gpu:
@@ -275,19 +309,14 @@ class Qwen35Gpu:
             else:
                 st.host_pos += n
 
-    @staticmethod
-    def _part(a, r0: int, n: int, t: int):
-        """Rows [r0, r0 + n) of a [t, ...] buffer view (the view itself when that is all of it)."""
-        return a if r0 == 0 and n == t else a[r0:r0 + n]
-
     def _attention(self, L, t, parts, act):
         c, b, s = self.c, self.buf, self.stream
         proj = b.mat(b.proj, t, b.p_attn)
         self._matmul(L.w_in, act, proj)
         y = b.mat(b.y, t, c.n_head * c.head_dim)
-        rows, q_all = self._rows_step, b.q[:t]
+        rows, q_all = self._rows_step, b.queries(t)
         for st, r0, n in parts:
-            q, pj, yj = (self._part(a, r0, n, t) for a in (q_all, proj, y))
+            q, pj, yj = (b.part(a, r0, n, t) for a in (q_all, proj, y))
             qk_norm_rope_store(pj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
                                st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
                                base=c.rope_base, eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
@@ -327,7 +356,7 @@ class Qwen35Gpu:
         y = b.mat(b.y, t, c.ssm_inner)
         # raw o, then the gated norm fused into the kernel that makes the out-projection's activation
         for st, r0, n in parts:
-            pj, yj = self._part(proj, r0, n, t), self._part(y, r0, n, t)
+            pj, yj = b.part(proj, r0, n, t), b.part(y, r0, n, t)
             args = (L.small["conv_w"], st.conv[L.index], L.small["ssm_a"], L.small["dt_bias"],
                     L.small["ssm_norm"], st.ssm[L.index])
             if self._rows_step:
