@@ -88,6 +88,17 @@ def warp_fwht(x, V, lane):
         m *= 2
 
 
+@cuda.jit(device=True, inline=True)
+def rotate_query(q, row, signs, rot, V, lane):
+    """rot[0:V] = this lane's coordinates V·lane .. V·lane + V - 1 of query row ``row`` times the keys' signs,
+    Walsh-Hadamard transformed across the warp: the query in the rotated domain the codes live in (the
+    transform unnormalised: both partials' score factors account for it)."""
+    for k in range(V):
+        i = V * lane + k
+        rot[k] = float32(q[row, i]) * signs[i]
+    warp_fwht(rot, V, lane)
+
+
 def partial_smem_words(G: int, d: int) -> tuple[int, ...]:
     """(offsets of the rotated queries, warp maxima and sums, warp accumulators; total words) of the partial
     kernel's dynamic shared memory (the codebooks are a static array). The queries [G, d] are read once into
@@ -220,10 +231,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             return                                        # past kv_len: the combine reads no such split
         rot = cuda.local.array(V, float32)                # a row's coordinates V·lane.. in a warp rotation
         for g in range(w, G, NW):                         # s_q [G, d]: the queries · signs, rotated by warps
-            for k in range(V):
-                i = V * lane + k
-                rot[k] = float32(q[hk * G + g, i]) * k_signs[i]
-            warp_fwht(rot, V, lane)
+            rotate_query(q, hk * G + g, k_signs, rot, V, lane)
             for k in range(V):
                 smem[OFF_Q + g * d + V * lane + k] = rot[k]
         if tid < 16:

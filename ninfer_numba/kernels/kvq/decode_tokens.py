@@ -35,7 +35,7 @@ from numba import float32, uint32, uint64
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, raise_max, split_tail, warp_fwht
+from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, raise_max, rotate_query, split_tail
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32, syncwarp
 from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
@@ -244,10 +244,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             smem[OFF_Q + i] = f0
         cuda.syncthreads()
         for g in range(w, G, NW):                         # s_q [d, GP]: queries · signs, rotated by warps
-            for k in range(V):
-                i = V * lane + k
-                rot[k] = float32(q[hk * G + g, i]) * k_signs[i]
-            warp_fwht(rot, V, lane)
+            rotate_query(q, hk * G + g, k_signs, rot, V, lane)
             for k in range(V):
                 smem[OFF_Q + (V * lane + k) * GP + g] = rot[k]
         if tid < 16:
