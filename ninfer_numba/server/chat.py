@@ -96,7 +96,7 @@ class ChatPrompt:
         the request's path. Any other cut is checked as cut_lengths checks it."""
         text, controls = self.text, tokenizer.added_texts(control_only=True)
         at_split = sorted({len(c) for c in self.cut_texts if 0 < len(c) < len(text) and text.startswith(c)
-                           and controls and text.startswith(controls, len(c))})
+                           and text.startswith(controls, len(c))})
         ids: list[int] = []
         lengths = []
         for start, end in zip([0] + at_split, at_split + [len(text)]):
@@ -104,7 +104,7 @@ class ChatPrompt:
             lengths.append(len(ids))
         cuts = {n for n in lengths[:-1] if 0 < n < len(ids)}
         others = tuple(c for c in self.cut_texts if len(c) not in at_split)
-        return ids, tuple(sorted(cuts | set(self.cut_lengths(tokenizer, ids, others) if others else ())))
+        return ids, tuple(sorted(cuts | set(self.cut_lengths(tokenizer, ids, others))))
 
 
 def protect_special_text(messages: list[dict[str, Any]], control: tuple[str, ...], added: tuple[str, ...]):
