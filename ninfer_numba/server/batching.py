@@ -31,9 +31,9 @@ class BatchedJobs:
         return self.scheduler.busy
 
     @property
-    def waiting(self) -> int:
-        """Sequences that will still wait once the free slots are taken (one admission per step)."""
-        return max(0, len(self.scheduler.waiting) - self.scheduler.slots.count(None))
+    def places(self) -> int:
+        """Free slots less the sequences waiting for one: negative when more wait than the slots can seat."""
+        return self.scheduler.slots.count(None) - len(self.scheduler.waiting)
 
     def accepts(self, job: Job) -> bool:
         p = job.params

@@ -124,8 +124,12 @@ class GenerationWorker:
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:      # process-wide; a smaller one is kept
             sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._line: deque[Job] = deque()        # submitted, not yet started or handed to the scheduler
-        self._wake = threading.Condition()      # guards _line, _stopping, _waiting, hand-overs to the scheduler
-        self._waiting = 0                       # jobs in the scheduler beyond its free slots, at its last change
+        self._wake = threading.Condition()      # guards _line, _stopping, the places, hand-overs to the scheduler
+        # places a job in the line can take without waiting, at the last change: the scheduler's free slots
+        # less the sequences it holds that wait for one (greedy jobs, batched path), and 1 while no job runs
+        # alone (every other job)
+        self._slot_places = batch_slots if self.batched is not None else 0
+        self._alone_places = 1
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ninfer-generation", daemon=True)
         self._thread.start()
@@ -147,9 +151,16 @@ class GenerationWorker:
 
     @property
     def queued(self) -> int:
-        """Jobs waiting: submitted and neither running alone nor holding a slot (the server's 429 limit)."""
+        """Jobs that will wait: those submitted and neither running alone nor holding a slot, beyond the places
+        free now (the server's 429 limit). A job the idle worker has not yet picked up, or one that a free slot
+        will seat at the next step, is not waiting."""
         with self._wake:
-            return len(self._line) + self._waiting
+            batchable = sum(1 for job in self._line if self._batchable(job))
+            return (max(0, batchable - self._slot_places)
+                    + max(0, len(self._line) - batchable - self._alone_places))
+
+    def _batchable(self, job: Job) -> bool:
+        return self.batched is not None and self.batched.accepts(job)
 
     def _warm(self) -> None:
         """The GPU runner's short prefill lengths captured as graphs, for the single path's state and the
@@ -176,10 +187,12 @@ class GenerationWorker:
                 return
             if job is not None:
                 _run_alone(self.llm, job)
+                with self._wake:
+                    self._alone_places = 1
             if self.batched is not None and self.batched.busy:
                 self.batched.step()               # outside the lock: submit() must not wait for a step
-                with self._wake:                  # a step only admits and retires: the count only fell
-                    self._waiting = self.batched.waiting
+                with self._wake:                  # a step only admits and retires: places only grew
+                    self._slot_places = self.batched.places
 
     def _next(self):
         """Hands the greedy jobs at the head of the line to the scheduler and returns the first other one (to run
@@ -191,10 +204,11 @@ class GenerationWorker:
                 job = self._line.popleft()
                 if job.cancelled:
                     continue
-                if self.batched is None or not self.batched.accepts(job):
+                if not self._batchable(job):
+                    self._alone_places = 0
                     return job
                 self.batched.add(job)
-                self._waiting = self.batched.waiting
+                self._slot_places = self.batched.places
             idle = self.batched is None or not self.batched.busy
             return _STOP if self._stopping and idle else None
 

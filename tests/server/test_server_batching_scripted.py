@@ -168,3 +168,31 @@ def test_the_worker_shortens_the_gil_switch_interval(qwen_tokenizer):
         assert sys.getswitchinterval() == pytest.approx(1e-4)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_queued_counts_only_the_jobs_that_will_wait(qwen_tokenizer):
+    """The 429 count: a greedy job a free slot will seat, or the first other job when none runs alone, is
+    not waiting even before the worker thread picks it up (two requests arriving together at a server with
+    free slots were once refused)."""
+    import asyncio
+
+    from ninfer_numba.config import SamplingParams
+    from ninfer_numba.server.output_parser import ChatOutputParser
+    from ninfer_numba.server.worker import GenerationWorker, Job
+    loop = asyncio.new_event_loop()
+    worker = GenerationWorker(ScriptedLLM(qwen_tokenizer), batch_slots=2)
+    worker.stop()                                   # the line below is never picked up
+
+    def job(temperature: float) -> Job:
+        return Job(qwen_tokenizer.encode("hi"), SamplingParams(max_tokens=8, temperature=temperature), [],
+                   ChatOutputParser(start_in_reasoning=False), loop)
+    try:
+        counts = []
+        for temperature in (0.0, 0.0, 0.0, 1.0, 1.0, 0.0):
+            worker._line.append(job(temperature))
+            counts.append(worker.queued)
+        assert counts == [0, 0, 1, 1, 2, 3]         # two slots for the greedy jobs, one place to run alone
+        worker._alone_places, worker._slot_places = 0, -1   # a job runs alone; one sequence waits for a slot
+        assert worker.queued == (4 + 1) + 2
+    finally:
+        loop.close()
