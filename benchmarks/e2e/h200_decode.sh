@@ -54,8 +54,9 @@
 #               tests, then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
 #               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
 #   STAGE=long_context: the 27b file, then benchmarks.e2e.long_context on it at its whole context (262,144
-#               tokens: a prefill of 261,760, then decodes) with KV (k3v3):
-#               one prefill in 8K chunks with progress lines, 3 decodes of 128 tokens from that depth, the
+#               tokens, depth 261,760) with KV (k3v3): the first FILL (default depth - 8,192) tokens of the
+#               cache filled at random (a full prefill is ~1.35e17 FLOPs of attention, past one call), the
+#               last 8,192 prefilled at that depth (the coded prefill timed), 3 decodes of 128 tokens, the
 #               KV memory as allocated and in ninfer info's formula (issue 14), in what is left of DEADLINE
 #   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
 #               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
@@ -349,7 +350,7 @@ long_context)
     > "$OUT/logs/make_27b.log" 2>&1
   python3 -m ninfer_numba info --model models/q35-27b.gguf | grep "KV cache at"
   timeout $(left) python3 -m benchmarks.e2e.long_context --model models/q35-27b.gguf --kv-type ${KV:-k3v3} \
-    ${DEPTH:+--depth $DEPTH} --out "$OUT/long_context.json" > "$OUT/logs/long_context.log" 2>&1
+    ${DEPTH:+--depth $DEPTH} --fill ${FILL:-$(( ${DEPTH:-261760} - 8192 ))} --out "$OUT/long_context.json" > "$OUT/logs/long_context.log" 2>&1
   say "long_context (exit $?):"; grep -v "^WARNING" "$OUT/logs/long_context.log" | tail -8
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;

@@ -9,7 +9,7 @@ import numpy as np
 
 from ninfer_numba.config import ModelConfig
 from ninfer_numba.kernels import position
-from ninfer_numba.kernels.kvq.ref import KV_TYPES
+from ninfer_numba.kernels.kvq.ref import KV_TYPES, vector_bytes
 from ninfer_numba.kernels.numba_env import cuda
 
 
@@ -20,37 +20,35 @@ def kvq_cache_shapes(kv_type: str, Hkv: int, max_seq: int, d: int):
             ((Hkv, max_seq, d * v_bits // 8), np.uint8), ((Hkv, max_seq), np.uint16)]
 
 
-def kv_memory_bytes(c: ModelConfig, kv_type: str, max_seq: int) -> tuple[int, int]:
-    """(the attention layers' caches, the shared float16 scratch) in bytes for one sequence of max_seq
-    tokens, as SequenceState allocates them: f16, [Hkv, max_seq, d] float16 K and V per layer and no
-    scratch; a coded type, each layer's codes and norms plus one float16 K and V scratch of the same
-    [Hkv, max_seq, d] shared by every layer (the new rows before coding, a prefill's decoded history)."""
-    from ninfer_numba.kernels.kvq.ref import vector_bytes
+def kv_memory_bytes(c: ModelConfig, kv_type: str, max_seq: int) -> int:
+    """Bytes of the attention layers' caches of one sequence of max_seq tokens, as SequenceState allocates
+    them: f16, [Hkv, max_seq, d] float16 K and V per layer; a coded type, each layer's codes and norms."""
     vectors = len(c.attention_layers) * c.n_head_kv * max_seq
-    f16_pair = sum(vector_bytes("f16", c.head_dim))           # one key and one value in float16
-    if kv_type == "f16":
-        return vectors * f16_pair, 0
-    return vectors * sum(vector_bytes(kv_type, c.head_dim)), c.n_head_kv * max_seq * f16_pair
+    return vectors * sum(vector_bytes(kv_type, c.head_dim))
+
+
+def kv_staging_bytes(c: ModelConfig, kv_type: str, rows: int) -> int:
+    """Bytes of a coded cache's float16 staging (the model's, shared by its layers and sequences): the K and
+    V rows of one forward of up to ``rows`` tokens before they are coded; 0 for f16."""
+    return c.n_head_kv * rows * sum(vector_bytes("f16", c.head_dim)) if kv_type in KV_TYPES else 0
 
 
 class SequenceState:
     """Device memory of one sequence: KV caches, GDN conv and recurrent states, position counters.
 
-    kv_type f16: one [Hkv, max_seq, d] float16 cache per attention layer. A coded type (k3v3 ...,
-    kernels/kvq): per layer the codes and float16 norms of keys and values; every layer's k_cache / v_cache
-    is then one shared float16 scratch, where the QK-norm + RoPE kernel leaves the new rows before they are
-    coded and where a prefill decodes the layer's cached rows for the f16 attention kernel."""
+    kv_type f16: one [Hkv, max_seq, d] float16 cache per attention layer (k_cache, v_cache). A coded type
+    (k3v3 ..., kernels/kvq): per layer the codes and float16 norms of keys and values (kvq), nothing in
+    float16: a forward's new rows pass through the model's staging rows (Qwen35Gpu.kv_rows) to be coded,
+    and attention reads the codes."""
 
     def __init__(self, c: ModelConfig, max_seq: int, stream, kv_type: str = "f16", layers: range | None = None) -> None:
-        self.max_seq = max_seq
+        self.max_seq, self.head_dim = max_seq, c.head_dim
         self.k_cache, self.v_cache, self.conv, self.ssm = {}, {}, {}, {}
         self.kvq: dict[int, tuple] = {}               # layer -> (k codes, k norms, v codes, v norms)
         rows = (c.n_head_kv, max_seq, c.head_dim)
         f16_rows = lambda: cuda.device_array(rows, np.float16, stream=stream)  # noqa: E731
-        scratch = (f16_rows(), f16_rows()) if kv_type in KV_TYPES else None
         for i in range(c.n_layer) if layers is None else layers:    # a shard's state holds its layers only
-            if c.is_attention_layer(i) and scratch is not None:
-                self.k_cache[i], self.v_cache[i] = scratch
+            if c.is_attention_layer(i) and kv_type in KV_TYPES:
                 self.kvq[i] = tuple(cuda.device_array(shape, dt, stream=stream) for shape, dt in
                                     kvq_cache_shapes(kv_type, c.n_head_kv, max_seq, c.head_dim))
             elif c.is_attention_layer(i):
@@ -63,12 +61,44 @@ class SequenceState:
         self.kv_len = cuda.device_array(1, np.int32, stream=stream)     # pos + tokens of this forward
         self.host_pos = 0
 
-    def kv_bytes(self) -> tuple[int, int]:
-        """(the attention layers' caches, the float16 scratch coded caches share) in bytes, as allocated."""
-        if self.kvq:
-            scratch = {id(a): a.nbytes for a in (*self.k_cache.values(), *self.v_cache.values())}
-            return sum(a.nbytes for arrays in self.kvq.values() for a in arrays), sum(scratch.values())
-        return sum(a.nbytes for a in (*self.k_cache.values(), *self.v_cache.values())), 0
+    @property
+    def attention_layers(self) -> list[int]:
+        return sorted([*self.k_cache, *self.kvq])
+
+    def kv_bytes(self) -> int:
+        """Bytes of the attention layers' caches, as allocated."""
+        arrays = [*self.k_cache.values(), *self.v_cache.values(), *(a for t in self.kvq.values() for a in t)]
+        return sum(a.nbytes for a in arrays)
+
+    def fill_random(self, n: int, stream, seed: int = 0) -> None:
+        """A sequence at depth n without its prefill: rows < n of every attention cache get random keys and
+        values (codes uniform, norms those of unit-variance vectors; float16 unit normals), the position
+        becomes n, the GDN states stay as they are. For timing decode at depths whose prefill would take too
+        long (benchmarks/e2e/long_context.py): a decode step's work does not depend on the values."""
+        if not 0 <= n <= self.max_seq:
+            raise ValueError(f"a depth of {n} in a state of {self.max_seq} rows")
+        rng = np.random.default_rng(seed)
+        made: dict = {}                              # one host block per (shape, dtype), copied to every layer
+
+        def block(a):
+            key = (a.shape[2:], a.dtype)
+            if key not in made:
+                shape = (n, *a.shape[2:])
+                if a.dtype == np.uint8:                              # codes
+                    made[key] = rng.integers(0, 256, shape, dtype=np.uint8)
+                elif a.dtype == np.uint16:                           # norms: float16 bits
+                    norms = np.sqrt(self.head_dim) * rng.uniform(0.5, 1.5, shape)
+                    made[key] = norms.astype(np.float16).view(np.uint16)
+                else:
+                    made[key] = rng.standard_normal(shape).astype(np.float16)
+            return made[key]
+        for i in self.attention_layers:
+            for a in self.kvq.get(i) or (self.k_cache[i], self.v_cache[i]):
+                for h in range(a.shape[0]):
+                    if n:
+                        a[h, :n].copy_to_device(block(a), stream=stream)
+        position.set_position(self.pos, n, stream=stream)
+        self.host_pos = n
 
     def reset(self, stream) -> None:
         """Zero the recurrent states and the position (KV rows beyond the position are never read)."""
@@ -122,7 +152,7 @@ class SlotStates:
         with ``adopt`` after running it, so the next set_rows starts the slot where it stopped)."""
         st = SequenceState.__new__(SequenceState)
         h = slice(s * self.c.n_head_kv, (s + 1) * self.c.n_head_kv)
-        st.max_seq, st.kvq, st.host_pos = self.max_seq, {}, self.host_pos[s]
+        st.max_seq, st.head_dim, st.kvq, st.host_pos = self.max_seq, self.c.head_dim, {}, self.host_pos[s]
         st.k_cache = {i: a[h] for i, a in self.k_cache.items()}
         st.v_cache = {i: a[h] for i, a in self.v_cache.items()}
         st.conv = {i: a[s] for i, a in self.conv.items()}

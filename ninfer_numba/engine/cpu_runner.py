@@ -53,6 +53,10 @@ class CpuRunner:
     def reset(self) -> None:
         self.state = self.model.new_state(self.max_seq)
 
+    def fill_random(self, n: int, seed: int = 0) -> None:
+        """The sequence at depth n without a prefill (ReferenceState.fill_random): for timing at depth."""
+        self.state.fill_random(n, seed)
+
     @property
     def position(self) -> int:
         """Tokens the state holds."""

@@ -239,6 +239,10 @@ class CudaRunner:
     def reset(self) -> None:
         self.state.reset(self.stream)
 
+    def fill_random(self, n: int, seed: int = 0) -> None:
+        """The sequence at depth n without a prefill (SequenceState.fill_random): for timing at depth."""
+        self.state.fill_random(n, self.stream, seed)
+
     def snapshot(self) -> CudaSnapshot:
         """The state as it stands once the enqueued work is done (copies ordered on the runner's stream)."""
         return CudaSnapshot(self.state, self.stream)

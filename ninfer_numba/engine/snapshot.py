@@ -44,9 +44,9 @@ class CudaSnapshot:
 def _pieces(st: SequenceState, p: int) -> list[tuple]:
     """(array, byte offset, bytes) of what a state holds after p tokens, in a fixed order: per attention layer
     the rows < p of each KV head of its caches ([Hkv, max_seq, ...] with each head's rows contiguous; a coded
-    cache's codes and norms, not the f16 scratch it shares with every layer), then each GDN state whole."""
+    cache's codes and norms), then each GDN state whole."""
     out = []
-    for i in sorted(st.k_cache):
+    for i in st.attention_layers:
         for a in st.kvq.get(i) or (st.k_cache[i], st.v_cache[i]):
             out += [(a, h * a.strides[0], p * a.strides[1]) for h in range(a.shape[0]) if p]
     for states in (st.conv, st.ssm):

@@ -32,7 +32,10 @@ def allow_dynamic_smem(kernel, args, nbytes: int) -> None:
 
 
 def _arg_key(a):
-    """An array's class, dtype, rank and layout inputs (contiguity, broadcast strides); a scalar's class."""
+    """An array's class, dtype, rank and layout inputs (contiguity, broadcast strides); a scalar's class; a
+    tuple's items'."""
+    if isinstance(a, tuple):
+        return tuple(_arg_key(x) for x in a)
     strides = getattr(a, "strides", None)
     if strides is None:
         return type(a)

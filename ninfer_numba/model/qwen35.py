@@ -36,9 +36,9 @@ from ninfer_numba.kernels.q8.gemm_plan import split_ws_floats
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
-from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append_from_cache
+from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append_from_rows
 from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
-from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
+from ninfer_numba.kernels.kvq.prefill import kvq_attention_prefill
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, role_seeds
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
 from ninfer_numba.kernels.q8.quant_act import gated_rmsnorm_quant, quantize_rows, rmsnorm_quant, silu_mul_quant
@@ -153,6 +153,10 @@ class Qwen35Gpu:
                 self.kvq_tables[i] = (KvqTables(c.head_dim, k_bits, k_seed, stream),
                                       KvqTables(c.head_dim, v_bits, v_seed, stream))
             self.kvq_ws = KvqDecodeWorkspace(c.n_head, c.head_dim, KVQ_SPLITS, stream)
+            # [Hkv, prefill_chunk, d] float16 K and V: a forward's new rows before they are coded (every
+            # layer and sequence in turn; engine/cache.py kv_staging_bytes)
+            self.kv_rows = tuple(cuda.device_array((c.n_head_kv, engine.prefill_chunk, c.head_dim), np.float16,
+                                                   stream=stream) for _ in range(2))
 
     def new_state(self, max_seq: int) -> SequenceState:
         """A sequence's device memory in this model's KV format."""
@@ -317,14 +321,15 @@ class Qwen35Gpu:
         rows, q_all = self._rows_step, b.queries(t)
         for st, r0, n in parts:
             q, pj, yj = (b.part(a, r0, n, t) for a in (q_all, proj, y))
+            if L.index in st.kvq:
+                self._coded_attention(L, n, st, q, pj, yj)
+                continue
             qk_norm_rope_store(pj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
                                st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
                                base=c.rope_base, eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
             if rows:
                 attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, pj, yj, st.attn_ws,
                                  kv_heads=c.n_head_kv, stream=s)
-            elif L.index in st.kvq:
-                self._coded_attention(L.index, n, st, q, pj, yj)
             elif n == 1:
                 attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, pj, yj.reshape(-1),
                                  self.attn_ws, stream=s)
@@ -332,22 +337,25 @@ class Qwen35Gpu:
                 self.prefill_attention(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, pj, yj, stream=s)
         return y
 
-    def _coded_attention(self, i, t, st, q, proj, y):
-        """Attention over a coded cache (kernels/kvq): the new rows, left in the f16 scratch by
-        qk_norm_rope_store, are coded in place of the layer's; decode attends in the rotated domain, a prefill
-        decodes the layer's rows < kv_len into the scratch and runs the f16 kernel on them."""
-        s = self.stream
+    def _coded_attention(self, L, t, st, q, proj, y):
+        """Attention over a coded cache (kernels/kvq): QK-norm + RoPE leave the t new keys and values in the
+        staging rows, which are coded at their positions; then decode attends in the rotated domain, a
+        prefill with the tensor-core kernel that decodes the codes tile by tile (both read codes only)."""
+        c, s, i = self.c, self.stream, L.index
+        k_rows, v_rows = self.kv_rows
+        qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, k_rows, v_rows, H=c.n_head,
+                           Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base, eps=c.rms_eps, local_rows=True,
+                           stream=s)
         k_codes, k_norms, v_codes, v_norms = st.kvq[i]
         k_tab, v_tab = self.kvq_tables[i]
-        kvq_append_from_cache(st.k_cache[i], t, k_tab, k_codes, k_norms, st.pos, stream=s)
-        kvq_append_from_cache(st.v_cache[i], t, v_tab, v_codes, v_norms, st.pos, stream=s)
+        kvq_append_from_rows(k_rows, t, k_tab, k_codes, k_norms, st.pos, stream=s)
+        kvq_append_from_rows(v_rows, t, v_tab, v_codes, v_norms, st.pos, stream=s)
         if t == 1:
             kvq_attention_decode(q[0], k_codes, k_norms, v_codes, v_norms, st.kv_len, k_tab, v_tab,
                                  y.reshape(-1), self.kvq_ws, stream=s, proj=proj)
-            return
-        kvq_dequantize(k_codes, k_norms, k_tab, st.kv_len, st.k_cache[i].view(np.uint16), stream=s)
-        kvq_dequantize(v_codes, v_norms, v_tab, st.kv_len, st.v_cache[i].view(np.uint16), stream=s)
-        self.prefill_attention(q, st.k_cache[i], st.v_cache[i], st.pos, proj, y, stream=s)
+        else:
+            kvq_attention_prefill(q, k_codes, k_norms, v_codes, v_norms, st.pos, k_tab, v_tab, proj, y,
+                                  stream=s)
 
     def _gdn(self, L, t, parts, act):
         c, b, s = self.c, self.buf, self.stream

@@ -42,6 +42,16 @@ class ReferenceState:
     conv: dict[int, np.ndarray] = field(default_factory=dict)       # layer -> [K-1, C]
     ssm: dict[int, np.ndarray] = field(default_factory=dict)        # layer -> [Hv, S, S] (key dim, value dim)
 
+    def fill_random(self, n: int, seed: int = 0) -> None:
+        """A sequence at depth n without its prefill (engine/cache.py SequenceState.fill_random): rows < n of
+        the KV caches random unit normals, the position n."""
+        if not 0 <= n <= self.max_seq:
+            raise ValueError(f"a depth of {n} in a state of {self.max_seq} rows")
+        rng = np.random.default_rng(seed)
+        for cache in (*self.k_cache.values(), *self.v_cache.values()):
+            cache[:n] = rng.standard_normal(cache[:n].shape)
+        self.pos = n
+
 
 def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))

@@ -150,10 +150,8 @@ def test_decode_model_shape(k_bits, v_bits, variant):
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
-def test_decode_gated_and_the_dequantized_rows():
-    """With the layer's projection row the output is gated (o ⊙ σ(gate), flattened); kvq_dequantize writes
-    the reference's dequantized rows, rounded to float16, for rows below kv_len only."""
-    from ninfer_numba.kernels.kvq.dequant import kvq_dequantize
+def test_decode_gated():
+    """With the layer's projection row the output is gated (o ⊙ σ(gate), flattened)."""
     H, Hkv, d, L, max_seq, bits = 4, 2, 32, 9, 12, 3
     rng = np.random.default_rng(5)
     q = rng.standard_normal((H, d)).astype(np.float16)              # the model's query buffer is f16
@@ -173,13 +171,6 @@ def test_decode_gated_and_the_dequantized_rows():
     gate = proj[0, :2 * d * H].reshape(H, 2, d)[:, 1]
     want = (o / (1 + np.exp(-gate.astype(np.float64)))).reshape(-1)
     np.testing.assert_allclose(out.copy_to_host(), want, rtol=0, atol=2e-5 * np.abs(want).max())
-    scratch = cuda.to_device(np.full((Hkv, max_seq, d), 0x7777, np.uint16))
-    kvq_dequantize(d_codes, d_norms, tables, kv_len, scratch)
-    got = scratch.copy_to_host()
-    want_rows = ref.dequantize(kc, kn, bits, K_SEED).astype(np.float32).transpose(1, 0, 2)
-    np.testing.assert_allclose(got[:, :L].view(np.float16).astype(np.float32), want_rows,
-                               rtol=2 ** -10, atol=1e-6)
-    assert (got[:, L:] == 0x7777).all()
 
 
 def test_the_kernels_of_one_shape_are_built_once():

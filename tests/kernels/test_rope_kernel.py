@@ -101,3 +101,30 @@ def test_norm_rope_store_batched_slots():
         np.testing.assert_array_equal(q[b], one_q.copy_to_host()[0])
         np.testing.assert_array_equal(k[s_ * Hkv:(s_ + 1) * Hkv], one_k.copy_to_host())   # NaN where unwritten
         np.testing.assert_array_equal(v[s_ * Hkv:(s_ + 1) * Hkv], one_v.copy_to_host())
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_norm_rope_store_local_rows():
+    """local_rows (a coded cache's staging): row t's key and value land in row t of a [Hkv, T + 1, d] buffer,
+    bit for bit what the positional store puts at row pos0 + t (the rotation still at position pos0 + t);
+    the spare row keeps its poison."""
+    T, H, Hkv, d, n_rot, pos0 = 3, 2, 1, 32, 16, 9
+    rng = np.random.default_rng(8)
+    proj = cuda.to_device((rng.standard_normal((T, 2 * d * H + 2 * d * Hkv)) * 2).astype(np.float32))
+    qw, kw = [cuda.to_device((1 + 0.2 * rng.standard_normal(d)).astype(np.float32)) for _ in range(2)]
+    rope = dict(H=H, Hkv=Hkv, n_rot=n_rot, base=1e7, eps=1e-6)
+    pos = cuda.to_device(np.array([pos0], np.int32))
+    full = [cuda.to_device(np.full((Hkv, pos0 + T, d), np.nan, np.float16)) for _ in range(2)]
+    local = [cuda.to_device(np.full((Hkv, T + 1, d), np.nan, np.float16)) for _ in range(2)]
+    q = [cuda.to_device(np.zeros((T, H, d), np.float32)) for _ in range(2)]
+    qk_norm_rope_store(proj, qw, kw, pos, q[0], *full, **rope)
+    qk_norm_rope_store(proj, qw, kw, pos, q[1], *local, local_rows=True, **rope)
+    np.testing.assert_array_equal(q[0].copy_to_host(), q[1].copy_to_host())
+    for a, b in zip(full, local):
+        got = b.copy_to_host()
+        np.testing.assert_array_equal(got[:, :T], a.copy_to_host()[:, pos0:])
+        assert np.isnan(got[:, T:]).all()
+    with pytest.raises(ValueError, match="local_rows"):
+        qk_norm_rope_store(proj, qw, kw, cuda.to_device(np.array([0, 1, 2], np.int32)), q[1], *local,
+                           slots=cuda.to_device(np.array([0, 1, 2], np.int32)), local_rows=True, **rope)

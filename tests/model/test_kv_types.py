@@ -85,27 +85,27 @@ def test_gpu_coded_cache_against_the_reference(tmp_path, kv_type):
 
 def test_info_reports_each_cache_at_the_full_context(tiny_model, capsys):
     """27B arithmetic of the same formula: 16 attention layers x 4 KV heads x (98 + 98) bytes x 262,144
-    tokens = 3.29 GB for k3v3 against 17.18 GB in f16, plus the coded caches' shared float16 scratch of
-    one layer's K and V (4 x 262,144 x 256 x 2 x 2 bytes = 1.07 GB)."""
+    tokens = 3.29 GB for k3v3 against 17.18 GB in f16; a coded cache's float16 staging holds one prefill
+    chunk's K and V (4 x 2,048 x 256 x 2 x 2 bytes = 8 MiB), whatever the context."""
     from types import SimpleNamespace
 
     from ninfer_numba.cli import main
-    from ninfer_numba.engine.cache import kv_memory_bytes
+    from ninfer_numba.engine.cache import kv_memory_bytes, kv_staging_bytes
     from ninfer_numba.kernels.kvq.ref import vector_bytes
     assert main(["info", "--model", tiny_model]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache at")][0]
-    assert all(kv in line for kv in KV_CACHE_TYPES) and line.count("f16 scratch") == len(KV_CACHE_TYPES) - 1
+    assert all(kv in line for kv in KV_CACHE_TYPES) and "float16 staging for a prefill chunk of 2,048" in line
     assert vector_bytes("k3v3", 256) == (98, 98) and vector_bytes("f16", 256) == (512, 512)
     c27 = SimpleNamespace(attention_layers=range(16), n_head_kv=4, head_dim=256)
-    codes, scratch = kv_memory_bytes(c27, "k3v3", 262144)
-    assert (round(codes / 1e9, 2), round(scratch / 1e9, 2)) == (3.29, 1.07)
-    assert [round(b / 1e9, 2) for b in kv_memory_bytes(c27, "f16", 262144)] == [17.18, 0.0]
+    assert round(kv_memory_bytes(c27, "k3v3", 262144) / 1e9, 2) == 3.29
+    assert round(kv_memory_bytes(c27, "f16", 262144) / 1e9, 2) == 17.18
+    assert kv_staging_bytes(c27, "k3v3", 2048) == 8 << 20 and kv_staging_bytes(c27, "f16", 2048) == 0
 
 
 @pytest.mark.cudasim
 @pytest.mark.parametrize("kv_type", ["f16", "k3v3", "k4v4"])
-def test_a_states_kv_bytes_are_the_formulas(tiny_model, kv_type):
-    """What SequenceState allocates is what kv_memory_bytes (ninfer info) says, scratch counted once."""
+def test_a_states_kv_bytes_are_the_formula(tiny_model, kv_type):
+    """What SequenceState allocates is what kv_memory_bytes (ninfer info) says."""
     from ninfer_numba.engine.cache import SequenceState, kv_memory_bytes
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
     from ninfer_numba.model.weights import open_model
@@ -117,13 +117,41 @@ def test_a_states_kv_bytes_are_the_formulas(tiny_model, kv_type):
 
 
 @pytest.mark.cudasim
+@pytest.mark.parametrize("kv_type", ["f16", "k3v3"])
+def test_fill_random_sets_the_depth_and_the_rows_below_it(tiny_model, kv_type):
+    """fill_random(n): position n on host and device; every cache's rows < n written (norms finite and near
+    sqrt(d)), rows >= n untouched."""
+    from ninfer_numba.engine.cache import SequenceState
+    from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+    from ninfer_numba.model.weights import open_model
+    if not SIMULATOR:
+        pytest.skip("host arithmetic: the simulator suffices")
+    c = open_model(tiny_model).config
+    stream = cuda.default_stream()
+    st = SequenceState(c, 12, stream, kv_type=kv_type)
+    arrays = [a for i in st.attention_layers for a in (st.kvq.get(i) or (st.k_cache[i], st.v_cache[i]))]
+    for a in arrays:
+        a.copy_to_device(np.zeros(a.shape, a.dtype))
+    st.fill_random(7, stream)
+    assert st.host_pos == 7 and st.pos.copy_to_host()[0] == 7
+    for a in arrays:
+        host = a.copy_to_host()
+        assert host[:, :7].any() and not host[:, 7:].any()
+        if a.dtype == np.uint16:
+            norms = host[:, :7].view(np.float16).astype(np.float64)
+            assert np.all((norms >= 0.5 * np.sqrt(c.head_dim) - 0.1) & (norms <= 1.5 * np.sqrt(c.head_dim) + 0.1))
+    with pytest.raises(ValueError, match="depth of 13"):
+        st.fill_random(13, stream)
+
+
+@pytest.mark.cudasim
 def test_coded_attention_layer_matches_the_reference_in_the_simulator():
-    """The GPU model's attention layer over a k3v3 cache (model/qwen35.py _coded_attention: the new rows coded
-    from the f16 scratch, a 4-token prefill over the decoded rows, then a decode step in the rotated domain)
-    against attn_mixer_ref with the same coding, on the GPU model tests' shapes."""
+    """The GPU model's attention layer over a k3v3 cache (model/qwen35.py _coded_attention: QK-norm + RoPE
+    into the staging rows, coded at their positions, a 4-token prefill over the codes, then a decode step,
+    both in the rotated domain) against attn_mixer_ref with the same coding, on the GPU model tests'
+    shapes."""
     from ninfer_numba.kernels import position
     from ninfer_numba.kernels.flash_attn.ref import attn_mixer_ref
-    from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
     from tests.model.test_gpu_model import tiny_gpu_model
     if not SIMULATOR:
@@ -148,12 +176,9 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator():
             t = b - a
             position.set_kv_len(st.pos, st.kv_len, t, stream=stream)
             proj, q = cuda.to_device(proj_all[a:b]), model.buf.q[:t]
-            qk_norm_rope_store(proj, layer.small["q_norm"], layer.small["k_norm"], st.pos, q, st.k_cache[i],
-                               st.v_cache[i], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base,
-                               eps=c.rms_eps, stream=stream)
             y = cuda.to_device(np.zeros((t, c.n_head * c.head_dim), np.float32))
-            model._coded_attention(i, t, st, q, proj, y)
+            model._coded_attention(layer, t, st, q, proj, y)
             got.append(y.copy_to_host())
             position.set_position(st.pos, b, stream=stream)
         err = np.abs(np.concatenate(got) - want).max() / np.abs(want).max()
-        assert err < 2e-3, err            # measured 2.5e-4: f16 rows and float32 sums against float64
+        assert err < 2e-3, err            # measured 2.5e-4 (f16 rows and float32 sums against float64)

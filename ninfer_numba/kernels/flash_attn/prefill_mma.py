@@ -78,27 +78,28 @@ def launch_grid(T: int, H: int, n_warps: int = N_WARPS) -> tuple[int, int]:
     return ((T + bq - 1) // bq, H)
 
 
-@lru_cache(maxsize=None)
-def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
-    G = H // Hkv
-    BQ = 16 * n_warps            # query rows per block
-    TPB = 32 * n_warps
-    RW = row_words(D)
-    DW = D // 2                  # data words per row
+class TileShape:
+    """The block's tile constants, for the hooks that fill its K / V tiles and write its output."""
+
+    def __init__(self, D: int, n_warps: int) -> None:
+        self.D, self.n_warps = D, n_warps
+        self.BQ = 16 * n_warps       # query rows per block
+        self.TPB = 32 * n_warps
+        self.RW = row_words(D)
+        self.OW = D + 4              # float32 row stride of the O staging tile (reuses the Q/K/V space)
+
+
+def f16_cache_hooks(ts: TileShape):
+    """(head_base, load_k, load_v, finish) of the float16 cache: K / V tiles by cp.async from [Hkv, max_seq,
+    d] caches (head_base: the flat cache row of a KV head's key 0), output o ⊙ σ(gate)."""
+    D, TPB, RW, OW, BQ = ts.D, ts.TPB, ts.RW, ts.OW, ts.BQ
     CH = D // 8                  # 16-byte chunks per row
     KV_ITERS = (BK * CH + TPB - 1) // TPB
-    KSTEPS = D // 16             # k16 steps of Q Kᵀ
-    NT = D // 8                  # n8 tiles of O per warp
-    O_REGS = 4 * NT              # shapes of local arrays must be plain constants
-    S_REGS = BK // 2
-    P_REGS = BK // 4
-    Q_OFF = 0
-    K_OFF = BQ * RW
-    V_OFF = K_OFF + BK * RW
-    OW = D + 4                   # float32 row stride of the O staging tile (reuses the Q/K/V space)
-    scale_log2 = np.float32(LOG2E / math.sqrt(D))
     zero = np.uint32(0)
-    f0 = np.float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def head_base(cache, kvh):
+        return kvh * cache.shape[1]
 
     @cuda.jit(device=True, inline=True)
     def load_kv_tile(smem, off, cache, kv_row0, kt0, kv_hi):
@@ -120,6 +121,49 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
                     smem[dst + 3] = zero
         ptx.cp_async_commit()
 
+    @cuda.jit(device=True, inline=True)
+    def finish(smem_f, qt0, T, h, proj, out, v_cache):
+        """out rows of the tile = O/l (staged in smem_f [BQ, OW]) ⊙ σ(gate), coalesced."""
+        tid = cuda.threadIdx.x
+        for i in range(BQ * D // TPB):
+            e = tid + i * TPB
+            r = e // D
+            c = e - r * D
+            tq = qt0 + r
+            if tq < T:
+                gate = proj[tq, 2 * D * h + D + c]
+                out[tq, h * D + c] = smem_f[r * OW + c] / (np.float32(1.0) + math.exp(-gate))
+
+    return head_base, load_kv_tile, load_kv_tile, finish
+
+
+def _hooks(cache: tuple | None, ts: TileShape):
+    if cache is None:
+        return f16_cache_hooks(ts)
+    from ninfer_numba.kernels.kvq.prefill import coded_cache_hooks     # it builds on this module
+    return coded_cache_hooks(ts, *cache)
+
+
+@lru_cache(maxsize=None)
+def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int, cache: tuple | None = None):
+    """cache: None for float16 caches; (k_bits, v_bits) for a coded one (kvq/prefill.py: k_cache and v_cache
+    are then tuples of its arrays)."""
+    G = H // Hkv
+    ts = TileShape(D, n_warps)
+    BQ, TPB, RW, OW = ts.BQ, ts.TPB, ts.RW, ts.OW
+    DW = D // 2                  # data words per row
+    KSTEPS = D // 16             # k16 steps of Q Kᵀ
+    NT = D // 8                  # n8 tiles of O per warp
+    O_REGS = 4 * NT              # shapes of local arrays must be plain constants
+    S_REGS = BK // 2
+    P_REGS = BK // 4
+    Q_OFF = 0
+    K_OFF = BQ * RW
+    V_OFF = K_OFF + BK * RW
+    scale_log2 = np.float32(LOG2E / math.sqrt(D))
+    f0 = np.float32(0.0)
+    head_base, load_k_tile, load_v_tile, finish = _hooks(cache, ts)
+
     # ≤ 255 registers: with 4 warps two blocks share an SM (2 × 101 KiB of shared memory fits 227 KiB)
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, max(1, 8 // n_warps))}
 
@@ -139,12 +183,12 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
         T = q.shape[0]
         qt0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * BQ       # longest (latest) query tiles start first
         h = cuda.blockIdx.y
-        kv_row0 = (h // G) * k_cache.shape[1]                   # flat cache row of this KV head's key 0
+        kv_row0 = head_base(k_cache, h // G)                    # where this KV head's keys start
         pos0 = pos0_buf[0]
         kv_hi = pos0 + min(qt0 + BQ, T)                         # keys needed by the tile's last valid row
         n_tiles = (kv_hi + BK - 1) // BK
 
-        load_kv_tile(smem, K_OFF, k_cache, kv_row0, 0, kv_hi)  # K tile 0 flies while Q is converted
+        load_k_tile(smem, K_OFF, k_cache, kv_row0, 0, kv_hi)  # K tile 0 flies while Q is converted
         for i in range(BQ * DW // TPB):
             e = tid + i * TPB
             r = e // DW
@@ -178,7 +222,7 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
             kt0 = it * BK
             ptx.cp_async_wait_all()
             cuda.syncthreads()          # K(it) (and Q) visible; every warp finished P V(it-1): V is free
-            load_kv_tile(smem, V_OFF, v_cache, kv_row0, kt0, kv_hi)
+            load_v_tile(smem, V_OFF, v_cache, kv_row0, kt0, kv_hi)
 
             for i in range(BK // 2):
                 acc_s[i] = f0
@@ -234,7 +278,7 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
             ptx.cp_async_wait_all()
             cuda.syncthreads()          # V(it) visible; every warp finished Q K(it)ᵀ: K is free
             if it + 1 < n_tiles:
-                load_kv_tile(smem, K_OFF, k_cache, kv_row0, kt0 + BK, kv_hi)
+                load_k_tile(smem, K_OFF, k_cache, kv_row0, kt0 + BK, kv_hi)
 
             for ks in range(BK // 16):
                 for dp in range(D // 16):
@@ -259,14 +303,7 @@ def _prefill_mma_kernel(H: int, Hkv: int, D: int, n_warps: int):
             smem_f[o_row + 8 * OW + 8 * n] = acc_o[4 * n + 2] * inv1
             smem_f[o_row + 8 * OW + 8 * n + 1] = acc_o[4 * n + 3] * inv1
         cuda.syncthreads()
-        for i in range(BQ * D // TPB):
-            e = tid + i * TPB
-            r = e // D
-            c = e - r * D
-            tq = qt0 + r
-            if tq < T:
-                gate = proj[tq, 2 * D * h + D + c]
-                out[tq, h * D + c] = smem_f[r * OW + c] / (np.float32(1.0) + math.exp(-gate))
+        finish(smem_f, qt0, T, h, proj, out, v_cache)
 
     return kernel
 

@@ -25,10 +25,11 @@ MAX_D = 512            # largest head dim held in shared memory
 
 
 @lru_cache(maxsize=None)
-def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False):
+def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False, local_rows: bool = False):
     """Kernel specialised on the head counts and dims (compile-time constants: loops unroll). batched: row t
     is a sequence of its own at position pos_buf[t] with its KV heads in cache slot slots[t]; else the rows
-    are consecutive tokens of one sequence from pos_buf[0] (slots unread)."""
+    are consecutive tokens of one sequence from pos_buf[0] (slots unread). local_rows: row t's key and value
+    go to row t of k_cache / v_cache (a coded cache's staging rows), not to row pos."""
     HALF = n_rot // 2
     NQG = 2 * D * H                                # proj columns of the interleaved q|gate blocks
     PER_THREAD = (D + NORM_TPB - 1) // NORM_TPB
@@ -47,13 +48,14 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
             pos = pos0_buf[0] + t
             kv0 = 0
         max_seq = k_cache.shape[1]
+        row = t if local_rows else pos                         # where the key and value are stored
         if slot >= H + Hkv:                                    # value head: plain f32 -> f16 copy
             kh = slot - H - Hkv
-            if pos < max_seq:
+            if row < max_seq:
                 for c in range(PER_THREAD):
                     i = tid + c * NORM_TPB
                     if i < D:
-                        v_cache[kv0 + kh, pos, i] = proj[t, NQG + D * Hkv + kh * D + i]
+                        v_cache[kv0 + kh, row, i] = proj[t, NQG + D * Hkv + kh * D + i]
             return
         if slot < H:
             col0 = 2 * D * slot                                # query block of head `slot`
@@ -96,14 +98,15 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
                         y = np.float32(float(s_x[i - HALF]) * sn + float(y) * cs)
                 if slot < H:
                     q_out[t, slot, i] = y
-                elif pos < max_seq:
-                    k_cache[kv0 + slot - H, pos, i] = y
+                elif row < max_seq:
+                    k_cache[kv0 + slot - H, row, i] = y
 
     return kernel
 
 
 def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, *, H: int, Hkv: int,
-                       n_rot: int, base: float, eps: float, slots=None, stream=0) -> None:
+                       n_rot: int, base: float, eps: float, slots=None, local_rows: bool = False,
+                       stream=0) -> None:
     """QK-norm + RoPE for T new tokens, queries to q_out, keys and values into the caches.
 
     proj:     [T, 2·d·H + 2·d·Hkv] float32, columns q_0|g_0|...|q_{H-1}|g_{H-1}|k|v (ref.py docstring)
@@ -115,6 +118,8 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
               [n_slots·Hkv, max_seq, d], row t written at its position in the KV heads of slot slots[t]
     slots:    None (the T rows are consecutive tokens of one sequence), or [T] int32: a batched decode step,
               one token of each of T sequences
+    local_rows: row t's key and value go to row t of k_cache / v_cache, [Hkv, >= T, d] (the staging rows a
+              coded cache appends from: kernels/kvq), rotated at their positions all the same
     Rows whose position is ≥ max_seq are not stored (the caller validates the context length).
     """
     T = proj.shape[0]
@@ -126,7 +131,9 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
     batched = slots is not None
     if batched and (slots.shape[0] != T or pos0_buf.shape[0] != T):
         raise ValueError(f"batched rows: proj has {T}, slots {slots.shape[0]}, positions {pos0_buf.shape[0]}")
-    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched)
+    if batched and local_rows:
+        raise ValueError("a batched step stores at each row's position (local_rows is for one sequence)")
+    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched, local_rows)
     neg2_log_base_over_rot = -2.0 * math.log(base) / n_rot     # inv_freq(i) = exp(i · this)
     kernel[(T, H + 2 * Hkv), NORM_TPB, stream](proj, q_norm_w, k_norm_w, pos0_buf, pos0_buf if slots is None
                                                else slots, q_out, k_cache, v_cache, neg2_log_base_over_rot,

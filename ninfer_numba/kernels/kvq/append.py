@@ -35,8 +35,8 @@ F16_TINY = float(np.finfo(np.float16).tiny)          # the reference's floor on 
 
 @lru_cache(maxsize=None)
 def _append_kernel(d: int, bits: int, from_cache: bool = False):
-    """from_cache: x is an f16 cache [Hkv, max_seq, d] whose rows pos[0] + t hold the new vectors (the
-    model's QK-norm + RoPE kernel stores them there), read as float32."""
+    """from_cache: x is float16 staging rows [Hkv, >= T, d] whose row t holds new vector t (the model's
+    QK-norm + RoPE kernel stores them there: its local_rows), read as float32."""
     if d & (d - 1) or not 2 <= d <= 1024 or bits not in BITS or (d * bits) % 24 and bits == 3:
         raise ValueError(f"unsupported kvq append: d={d} (a power of two <= 1024), bits={bits}")
     NB = d * bits // 8                 # bytes of codes per vector
@@ -54,7 +54,7 @@ def _append_kernel(d: int, bits: int, from_cache: bool = False):
         h = cuda.blockIdx.y
         i = cuda.threadIdx.x
         row = pos[0] + t
-        xv = float32(x[h, row, i]) if from_cache else x[t, h, i]
+        xv = float32(x[h, t, i]) if from_cache else x[t, h, i]
         s_y[i] = xv * signs[i]
         s_ss[i] = float64(xv) * float64(xv)
         cuda.syncthreads()
@@ -107,13 +107,15 @@ class KvqTables:
         self.levels = cuda.to_device(levels.astype(np.float32), stream=stream)                     # [2^b]
 
 
-def kvq_append_from_cache(cache, T: int, tables: KvqTables, codes, norms, pos, stream=0) -> None:
-    """Quantize rows pos[0] .. pos[0] + T - 1 of the f16 cache [Hkv, max_seq, d] into codes and norms (the
-    same rows); see kvq_append."""
-    Hkv, _, d = cache.shape
+def kvq_append_from_rows(rows, T: int, tables: KvqTables, codes, norms, pos, stream=0) -> None:
+    """Quantize rows 0 .. T - 1 of the float16 staging rows [Hkv, >= T, d] into codes and norms at positions
+    pos[0] .. pos[0] + T - 1; see kvq_append."""
+    Hkv, n_rows, d = rows.shape
+    if T > n_rows:
+        raise ValueError(f"{T} new rows in staging of {n_rows}")
     kernel = _append_kernel(d, tables.bits, True)
     if T:
-        kernel[(T, Hkv), d, stream](cache, tables.signs, tables.thresholds, codes, norms, pos)
+        kernel[(T, Hkv), d, stream](rows, tables.signs, tables.thresholds, codes, norms, pos)
 
 
 def kvq_append(x, tables: KvqTables, codes, norms, pos, stream=0) -> None:
