@@ -158,13 +158,9 @@ def _cmd_info(a: argparse.Namespace) -> int:
     print(f"tensor types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
     print(f"memory         weights {total / 1e9:.3f} GB; KV cache f16 {kv_per_tok / 1024:.0f} KiB/token; "
           f"recurrent state {state / 2**20:.1f} MiB/sequence")
-    from ninfer_numba.config import EngineConfig
-    from ninfer_numba.engine.cache import kv_memory_bytes, kv_staging_bytes
-    chunk = EngineConfig().prefill_chunk
+    from ninfer_numba.engine.cache import kv_memory_bytes
     print(f"KV cache at    {c.context_length:,} tokens: " + ", ".join(
-        f"{t} {kv_memory_bytes(c, t, c.context_length) / 1e9:.2f} GB" for t in KV_CACHE_TYPES)
-          + f" (coded types: + {kv_staging_bytes(c, 'k3v3', chunk) / 2**20:.0f} MiB of float16 staging for "
-          f"a prefill chunk of {chunk:,})")
+        f"{t} {kv_memory_bytes(c, t, c.context_length) / 1e9:.2f} GB" for t in KV_CACHE_TYPES))
     tok = w.file.kv.get("tokenizer.ggml.model")
     print(f"tokenizer      {tok}, chat template {'yes' if 'tokenizer.chat_template' in w.file.kv else 'no'}")
     if a.gpus:

@@ -7,7 +7,8 @@
 #               the two generators' files at once (the reference dequantizes each layer per call, one thread)
 #   STAGE=gate: llama.cpp's build (carry .cache/llama.cpp/src) and the files in the background; llama.cpp as a
 #               gate (benchmarks/llamacpp_logits.py --gate): its GPU test (tiny F32 and F16 files, 0.8b Q8_0
-#               from both generators) and the figures on the 9b Q8_0 files and the 0.8b F16 / F32 files
+#               from both generators) and the figures on the 9b Q8_0 files and the 0.8b F16 / F32 files;
+#               during the build, the model's GPU tests and the attention kernels' (MODEL_TESTS_S, 240 s)
 # JSON under $OUT, logs in $OUT/logs.tgz
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_correctness.sh   (carry wheelhouse/ and .cache/llama.cpp/src)
 source "$(dirname "$0")/h200_setup.sh"
@@ -45,6 +46,10 @@ gate)
   build=$!
   ( model 9b varied q8_0; model 9b one q8_0; model 0.8b varied f16; model 0.8b varied f32 ) &
   files=$!
+  # meanwhile the whole model's GPU tests and the kernels of the attention path (the forward the gate
+  # checks; the coded cache's too), in at most MODEL_TESTS_S seconds
+  gpu_tests ${MODEL_TESTS_S:-240} 4 test_model "model and attention" tests/model tests/kernels/test_rope_kernel.py \
+    tests/kernels/test_flash_attn_mma.py tests/kernels/test_kvq_append.py tests/kernels/test_kvq_prefill.py
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   gpu_tests 150 2 test_gate "llama.cpp gate" tests/bench/test_llamacpp_gate.py
   wait $files

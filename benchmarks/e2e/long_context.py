@@ -9,8 +9,8 @@
 slots hold exactly its context) is prefilled once, in pieces of --piece tokens with a
 progress line after each, then --reps decodes of --gen tokens follow one another (repetition r starts at
 depth + r·gen: 0.15 % deeper per repetition at 262K). Reported: the prefill's t/s, each repetition's decode
-t/s and their median, the KV memory as allocated (the cache and, for a coded type, the model's float16
-staging of one prefill chunk: LLM.describe()) beside ``ninfer info``'s formula, and the device memory in use.
+t/s and their median, the KV memory as allocated (LLM.describe()) beside ``ninfer info``'s formula, and the
+device memory in use.
 
 --fill N puts the first N tokens of the depth in the cache without a prefill (random keys and values:
 SequenceState.fill_random; the GDN states those of an empty sequence), and prefills only the rest, at depth
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
-    from ninfer_numba.engine.cache import kv_memory_bytes, kv_staging_bytes
+    from ninfer_numba.engine.cache import kv_memory_bytes
     from ninfer_numba.model.weights import open_model
     if a.depth is None:
         a.depth = open_model(a.model).config.context_length - a.gen * a.reps
@@ -69,13 +69,11 @@ def main(argv=None) -> int:
     llm = LLM(a.model, backend=a.backend, max_seq=max_seq, kv_type=a.kv_type, prefill_chunk=a.prefill_chunk)
     described = llm.describe()
     log(f"loaded {a.model} ({a.backend}, kv {a.kv_type}, max_seq {max_seq:,}) in {time.perf_counter() - t0:.1f} s")
-    formula = (kv_memory_bytes(llm.config, a.kv_type, max_seq),
-               kv_staging_bytes(llm.config, a.kv_type, a.prefill_chunk))
+    formula = kv_memory_bytes(llm.config, a.kv_type, max_seq)
     report = {"model": a.model, "backend": a.backend, "kv_type": a.kv_type, "depth": a.depth, "gen": a.gen,
               "prefill_chunk": a.prefill_chunk, "filled": a.fill,
               "max_seq": max_seq, "kv_cache_bytes": described.get("kv_cache_bytes"),
-              "kv_staging_bytes": described.get("kv_staging_bytes"),
-              "kv_formula_bytes": {"cache": formula[0], "staging": formula[1]}}
+              "kv_formula_bytes": formula}
     rng = np.random.default_rng(a.seed)
     ids = rng.integers(0, llm.config.n_vocab, a.depth - a.fill).tolist()
     runner = llm.runner
@@ -101,9 +99,8 @@ def main(argv=None) -> int:
     report["decode_tps_median"] = statistics.median(tps)
     gb = lambda b: "n/a" if b is None else f"{b / 1e9:.2f} GB"       # noqa: E731
     filled = f" ({a.fill:,} of them filled at random)" if a.fill else ""
-    print(f"{a.model}: kv {a.kv_type} at {a.depth:,} tokens{filled}: cache {gb(report['kv_cache_bytes'])} + "
-          f"f16 staging {gb(report['kv_staging_bytes'])} (formula {gb(formula[0])} + {gb(formula[1])}); device "
-          f"memory in use {gb(report['device_memory_used_bytes'])}; prefill of {len(ids):,} tokens "
+    print(f"{a.model}: kv {a.kv_type} at {a.depth:,} tokens{filled}: cache {gb(report['kv_cache_bytes'])} "
+          f"(formula {gb(formula)}); device memory in use {gb(report['device_memory_used_bytes'])}; prefill of {len(ids):,} tokens "
           f"{report['prefill_tps']:,.0f} t/s; decode {report['decode_tps_median']:.1f} t/s (median of {a.reps})")
     if a.out:
         with open(a.out, "w") as f:

@@ -27,19 +27,12 @@ def kv_memory_bytes(c: ModelConfig, kv_type: str, max_seq: int) -> int:
     return vectors * sum(vector_bytes(kv_type, c.head_dim))
 
 
-def kv_staging_bytes(c: ModelConfig, kv_type: str, rows: int) -> int:
-    """Bytes of a coded cache's float16 staging (the model's, shared by its layers and sequences): the K and
-    V rows of one forward of up to ``rows`` tokens before they are coded; 0 for f16."""
-    return c.n_head_kv * rows * sum(vector_bytes("f16", c.head_dim)) if kv_type in KV_TYPES else 0
-
-
 class SequenceState:
     """Device memory of one sequence: KV caches, GDN conv and recurrent states, position counters.
 
     kv_type f16: one [Hkv, max_seq, d] float16 cache per attention layer (k_cache, v_cache). A coded type
     (k3v3 ..., kernels/kvq): per layer the codes and float16 norms of keys and values (kvq), nothing in
-    float16: a forward's new rows pass through the model's staging rows (Qwen35Gpu.kv_rows) to be coded,
-    and attention reads the codes."""
+    float16: the QK-norm + RoPE kernel codes a forward's new rows, and attention reads the codes."""
 
     def __init__(self, c: ModelConfig, max_seq: int, stream, kv_type: str = "f16", layers: range | None = None) -> None:
         self.max_seq, self.head_dim = max_seq, c.head_dim

@@ -97,8 +97,6 @@ class LLM:
         state = getattr(self.runner, "state", None)
         if state is not None and hasattr(state, "kv_bytes"):     # the GPU runner's sequence, as allocated
             out["kv_cache_bytes"] = state.kv_bytes()
-            rows = getattr(getattr(self.runner, "model", None), "kv_rows", ())   # a coded cache's staging
-            out["kv_staging_bytes"] = sum(a.nbytes for a in rows)
         plan = getattr(self.runner, "plan", None)
         if plan is not None:
             out["shards"] = [f"GPU {s.device}: layers {s.first_layer}-{s.end_layer - 1}" for s in plan]

@@ -36,7 +36,7 @@ from ninfer_numba.kernels.q8.gemm_plan import split_ws_floats
 from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
-from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append_from_rows
+from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
 from ninfer_numba.kernels.kvq.prefill import kvq_attention_prefill
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, role_seeds
@@ -153,10 +153,6 @@ class Qwen35Gpu:
                 self.kvq_tables[i] = (KvqTables(c.head_dim, k_bits, k_seed, stream),
                                       KvqTables(c.head_dim, v_bits, v_seed, stream))
             self.kvq_ws = KvqDecodeWorkspace(c.n_head, c.head_dim, KVQ_SPLITS, stream)
-            # [Hkv, prefill_chunk, d] float16 K and V: a forward's new rows before they are coded (every
-            # layer and sequence in turn; engine/cache.py kv_staging_bytes)
-            self.kv_rows = tuple(cuda.device_array((c.n_head_kv, engine.prefill_chunk, c.head_dim), np.float16,
-                                                   stream=stream) for _ in range(2))
 
     def new_state(self, max_seq: int) -> SequenceState:
         """A sequence's device memory in this model's KV format."""
@@ -338,18 +334,15 @@ class Qwen35Gpu:
         return y
 
     def _coded_attention(self, L, t, st, q, proj, y):
-        """Attention over a coded cache (kernels/kvq): QK-norm + RoPE leave the t new keys and values in the
-        staging rows, which are coded at their positions; then decode attends in the rotated domain, a
-        prefill with the tensor-core kernel that decodes the codes tile by tile (both read codes only)."""
+        """Attention over a coded cache (kernels/kvq): QK-norm + RoPE code the t new keys and values at their
+        positions; then decode attends in the rotated domain, a prefill with the tensor-core kernel that
+        decodes the codes tile by tile (both read codes only)."""
         c, s, i = self.c, self.stream, L.index
-        k_rows, v_rows = self.kv_rows
-        qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, k_rows, v_rows, H=c.n_head,
-                           Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base, eps=c.rms_eps, local_rows=True,
-                           stream=s)
         k_codes, k_norms, v_codes, v_norms = st.kvq[i]
         k_tab, v_tab = self.kvq_tables[i]
-        kvq_append_from_rows(k_rows, t, k_tab, k_codes, k_norms, st.pos, stream=s)
-        kvq_append_from_rows(v_rows, t, v_tab, v_codes, v_norms, st.pos, stream=s)
+        qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, k_tab.role(k_codes, k_norms),
+                           v_tab.role(v_codes, v_norms), H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
+                           base=c.rope_base, eps=c.rms_eps, stream=s)
         if t == 1:
             kvq_attention_decode(q[0], k_codes, k_norms, v_codes, v_norms, st.kv_len, k_tab, v_tab,
                                  y.reshape(-1), self.kvq_ws, stream=s, proj=proj)

@@ -66,26 +66,3 @@ def test_unsupported_shapes_are_refused(d, bits):
     tables = SimpleNamespace(d=d, bits=bits)                 # refused before anything reaches a device
     with pytest.raises(ValueError, match="unsupported kvq append"):
         kvq_append(np.zeros((1, 1, d), np.float32), tables, None, None, None)
-
-
-@pytest.mark.cudasim
-@needs_sim_or_gpu
-def test_append_from_the_staging_rows():
-    """The model's path: the new rows sit in float16 staging rows 0..T-1 (more rows than T, the last one
-    never read) and are coded at positions pos..pos+T-1."""
-    from ninfer_numba.kernels.kvq.append import kvq_append_from_rows
-    T, Hkv, d, bits, pos0, max_seq = 2, 2, 32, 4, 3, 8
-    x16 = np.random.default_rng(9).standard_normal((T, Hkv, d)).astype(np.float16)
-    rows = np.full((Hkv, T + 1, d), np.nan, np.float16)
-    rows[:, :T] = x16.transpose(1, 0, 2)
-    codes = cuda.to_device(np.zeros((Hkv, max_seq, d * bits // 8), np.uint8))
-    norms = cuda.to_device(np.zeros((Hkv, max_seq), np.uint16))
-    kvq_append_from_rows(cuda.to_device(rows), T, KvqTables(d, bits, SEED), codes, norms,
-                         cuda.to_device(np.array([pos0], np.int32)))
-    with pytest.raises(ValueError, match="staging"):
-        kvq_append_from_rows(cuda.to_device(rows), T + 2, KvqTables(d, bits, SEED), codes, norms,
-                             cuda.to_device(np.array([pos0], np.int32)))
-    _, want_norms = ref.quantize(x16.astype(np.float32), bits, SEED)
-    got = ref.unpack(codes.copy_to_host()[:, pos0:pos0 + T].transpose(1, 0, 2), bits, d)
-    np.testing.assert_array_equal(norms.copy_to_host()[:, pos0:pos0 + T].T, want_norms.view(np.uint16))
-    assert_codes_match(got, x16.astype(np.float32), bits)

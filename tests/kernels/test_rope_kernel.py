@@ -105,26 +105,35 @@ def test_norm_rope_store_batched_slots():
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
-def test_norm_rope_store_local_rows():
-    """local_rows (a coded cache's staging): row t's key and value land in row t of a [Hkv, T + 1, d] buffer,
-    bit for bit what the positional store puts at row pos0 + t (the rotation still at position pos0 + t);
-    the spare row keeps its poison."""
-    T, H, Hkv, d, n_rot, pos0 = 3, 2, 1, 32, 16, 9
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3)], ids=["k3v3", "k4v3"])
+def test_norm_rope_codes_a_coded_cache(k_bits, v_bits):
+    """Given a coded cache's roles, the kernel codes the keys and values it would store in float16: the same
+    queries, and codes and norms equal to kvq_append's on those float16 rows (the coder is shared: every
+    code, every norm bit), at rows pos0..pos0+T-1 only."""
+    from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append
+    T, H, Hkv, d, n_rot, pos0, max_seq = 3, 2, 2, 32, 16, 4, 9
     rng = np.random.default_rng(8)
     proj = cuda.to_device((rng.standard_normal((T, 2 * d * H + 2 * d * Hkv)) * 2).astype(np.float32))
     qw, kw = [cuda.to_device((1 + 0.2 * rng.standard_normal(d)).astype(np.float32)) for _ in range(2)]
     rope = dict(H=H, Hkv=Hkv, n_rot=n_rot, base=1e7, eps=1e-6)
     pos = cuda.to_device(np.array([pos0], np.int32))
-    full = [cuda.to_device(np.full((Hkv, pos0 + T, d), np.nan, np.float16)) for _ in range(2)]
-    local = [cuda.to_device(np.full((Hkv, T + 1, d), np.nan, np.float16)) for _ in range(2)]
+    f16 = [cuda.to_device(np.full((Hkv, max_seq, d), np.nan, np.float16)) for _ in range(2)]
     q = [cuda.to_device(np.zeros((T, H, d), np.float32)) for _ in range(2)]
-    qk_norm_rope_store(proj, qw, kw, pos, q[0], *full, **rope)
-    qk_norm_rope_store(proj, qw, kw, pos, q[1], *local, local_rows=True, **rope)
+    qk_norm_rope_store(proj, qw, kw, pos, q[0], *f16, **rope)
+    tables = [KvqTables(d, k_bits, 31), KvqTables(d, v_bits, 32)]
+    blank = lambda bits: (cuda.to_device(np.full((Hkv, max_seq, d * bits // 8), 0xAB, np.uint8)),  # noqa: E731
+                          cuda.to_device(np.full((Hkv, max_seq), 0xCDEF, np.uint16)))
+    coded = [blank(tab.bits) for tab in tables]
+    qk_norm_rope_store(proj, qw, kw, pos, q[1], *(tab.role(*c) for tab, c in zip(tables, coded)), **rope)
     np.testing.assert_array_equal(q[0].copy_to_host(), q[1].copy_to_host())
-    for a, b in zip(full, local):
-        got = b.copy_to_host()
-        np.testing.assert_array_equal(got[:, :T], a.copy_to_host()[:, pos0:])
-        assert np.isnan(got[:, T:]).all()
-    with pytest.raises(ValueError, match="local_rows"):
-        qk_norm_rope_store(proj, qw, kw, cuda.to_device(np.array([0, 1, 2], np.int32)), q[1], *local,
-                           slots=cuda.to_device(np.array([0, 1, 2], np.int32)), local_rows=True, **rope)
+    for cache, tab, (codes, norms) in zip(f16, tables, coded):
+        rows = np.ascontiguousarray(cache.copy_to_host()[:, pos0:pos0 + T].transpose(1, 0, 2), np.float32)
+        want = blank(tab.bits)
+        kvq_append(cuda.to_device(rows), tab, *want, pos)
+        np.testing.assert_array_equal(codes.copy_to_host(), want[0].copy_to_host())
+        np.testing.assert_array_equal(norms.copy_to_host(), want[1].copy_to_host())
+        assert (codes.copy_to_host()[:, pos0:pos0 + T] != 0xAB).any()
+    with pytest.raises(ValueError, match="one sequence"):
+        qk_norm_rope_store(proj, qw, kw, cuda.to_device(np.array([0, 1, 2], np.int32)), q[1],
+                           *(tab.role(*c) for tab, c in zip(tables, coded)),
+                           slots=cuda.to_device(np.array([0, 1, 2], np.int32)), **rope)

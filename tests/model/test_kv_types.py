@@ -85,21 +85,19 @@ def test_gpu_coded_cache_against_the_reference(tmp_path, kv_type):
 
 def test_info_reports_each_cache_at_the_full_context(tiny_model, capsys):
     """27B arithmetic of the same formula: 16 attention layers x 4 KV heads x (98 + 98) bytes x 262,144
-    tokens = 3.29 GB for k3v3 against 17.18 GB in f16; a coded cache's float16 staging holds one prefill
-    chunk's K and V (4 x 2,048 x 256 x 2 x 2 bytes = 8 MiB), whatever the context."""
+    tokens = 3.29 GB for k3v3 against 17.18 GB in f16 (a coded cache has no float16 part)."""
     from types import SimpleNamespace
 
     from ninfer_numba.cli import main
-    from ninfer_numba.engine.cache import kv_memory_bytes, kv_staging_bytes
+    from ninfer_numba.engine.cache import kv_memory_bytes
     from ninfer_numba.kernels.kvq.ref import vector_bytes
     assert main(["info", "--model", tiny_model]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("KV cache at")][0]
-    assert all(kv in line for kv in KV_CACHE_TYPES) and "float16 staging for a prefill chunk of 2,048" in line
+    assert all(kv in line for kv in KV_CACHE_TYPES)
     assert vector_bytes("k3v3", 256) == (98, 98) and vector_bytes("f16", 256) == (512, 512)
     c27 = SimpleNamespace(attention_layers=range(16), n_head_kv=4, head_dim=256)
     assert round(kv_memory_bytes(c27, "k3v3", 262144) / 1e9, 2) == 3.29
     assert round(kv_memory_bytes(c27, "f16", 262144) / 1e9, 2) == 17.18
-    assert kv_staging_bytes(c27, "k3v3", 2048) == 8 << 20 and kv_staging_bytes(c27, "f16", 2048) == 0
 
 
 @pytest.mark.cudasim
@@ -147,8 +145,8 @@ def test_fill_random_sets_the_depth_and_the_rows_below_it(tiny_model, kv_type):
 @pytest.mark.cudasim
 def test_coded_attention_layer_matches_the_reference_in_the_simulator():
     """The GPU model's attention layer over a k3v3 cache (model/qwen35.py _coded_attention: QK-norm + RoPE
-    into the staging rows, coded at their positions, a 4-token prefill over the codes, then a decode step,
-    both in the rotated domain) against attn_mixer_ref with the same coding, on the GPU model tests'
+    coding the new rows at their positions, a 4-token prefill over the codes, then a decode step, both in
+    the rotated domain) against attn_mixer_ref with the same coding, on the GPU model tests'
     shapes."""
     from ninfer_numba.kernels import position
     from ninfer_numba.kernels.flash_attn.ref import attn_mixer_ref

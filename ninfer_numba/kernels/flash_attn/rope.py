@@ -9,6 +9,9 @@ values into the f16 caches at row pos0 + t. The output gate stays in ``proj`` fo
 which would show as a 1e-3 relative error in q·k. The cost is n_rot/2 double sincos per head per token.
 
 KV cache layout: [Hkv, max_seq, d] float16, so one KV head's keys are contiguous for decode and prefill.
+A coded cache (kernels/kvq) is given as its roles' tuples (KvqTables.role: codes, norms, signs,
+thresholds): the block then codes its key or value head itself (kvq/append.py row_coder, from the float16
+rounding an f16 cache would store) at the same row, with no float16 copy and no launch of its own.
 """
 from __future__ import annotations
 
@@ -24,12 +27,63 @@ NORM_TPB = 64          # threads per block; a head of d = 256 gives 4 elements p
 MAX_D = 512            # largest head dim held in shared memory
 
 
+def _f16_store_hooks():
+    """(scratch, rows, store, finish_k, finish_v) of a float16 cache: each element stored as it is made."""
+    @cuda.jit(device=True, inline=True)
+    def scratch():
+        return 0
+
+    @cuda.jit(device=True, inline=True)
+    def rows(cache):
+        return cache.shape[1]
+
+    @cuda.jit(device=True, inline=True)
+    def store(cache, sh, head, row, i, x):
+        cache[head, row, i] = x
+
+    @cuda.jit(device=True, inline=True)
+    def finish(cache, sh, head, row, tid):
+        return
+
+    return scratch, rows, store, finish, finish
+
+
+def _coded_store_hooks(D: int, k_bits: int, v_bits: int):
+    """The same for a coded cache (roles' tuples): elements gathered in shared memory, then the row coded
+    by the block (a barrier first: finish_* is reached by the whole block)."""
+    from ninfer_numba.kernels.kvq.append import put_coordinate, row_coder
+    scratch, code_k = row_coder(D, k_bits)
+    _, code_v = row_coder(D, v_bits)
+
+    @cuda.jit(device=True, inline=True)
+    def rows(cache):
+        return cache[0].shape[1]
+
+    @cuda.jit(device=True, inline=True)
+    def store(cache, sh, head, row, i, x):
+        put_coordinate(sh, cache[2], i, x)
+
+    @cuda.jit(device=True, inline=True)
+    def finish_k(cache, sh, head, row, tid):
+        cuda.syncthreads()
+        code_k(sh, cache[3], cache[0], cache[1], head, row, tid, NORM_TPB)
+
+    @cuda.jit(device=True, inline=True)
+    def finish_v(cache, sh, head, row, tid):
+        cuda.syncthreads()
+        code_v(sh, cache[3], cache[0], cache[1], head, row, tid, NORM_TPB)
+
+    return scratch, rows, store, finish_k, finish_v
+
+
 @lru_cache(maxsize=None)
-def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False, local_rows: bool = False):
+def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False, coded: tuple | None = None):
     """Kernel specialised on the head counts and dims (compile-time constants: loops unroll). batched: row t
     is a sequence of its own at position pos_buf[t] with its KV heads in cache slot slots[t]; else the rows
-    are consecutive tokens of one sequence from pos_buf[0] (slots unread). local_rows: row t's key and value
-    go to row t of k_cache / v_cache (a coded cache's staging rows), not to row pos."""
+    are consecutive tokens of one sequence from pos_buf[0] (slots unread). coded: (key bits, value bits) of
+    a coded cache, whose roles' tuples come in place of k_cache and v_cache."""
+    scratch, rows, store, finish_k, finish_v = (_f16_store_hooks() if coded is None
+                                                else _coded_store_hooks(D, *coded))
     HALF = n_rot // 2
     NQG = 2 * D * H                                # proj columns of the interleaved q|gate blocks
     PER_THREAD = (D + NORM_TPB - 1) // NORM_TPB
@@ -39,6 +93,7 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
         t = cuda.blockIdx.x
         slot = cuda.blockIdx.y
         tid = cuda.threadIdx.x
+        sh = scratch()                                         # a coded row's shared arrays (f16: none)
         s_x = cuda.shared.array(MAX_D, np.float32)            # [D] normalised head, read by RoPE partners
         s_red = cuda.shared.array(NORM_TPB, np.float32)       # [TPB] partial sums of squares
         if batched:
@@ -47,15 +102,15 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
         else:
             pos = pos0_buf[0] + t
             kv0 = 0
-        max_seq = k_cache.shape[1]
-        row = t if local_rows else pos                         # where the key and value are stored
+        max_seq = rows(k_cache)
         if slot >= H + Hkv:                                    # value head: plain f32 -> f16 copy
             kh = slot - H - Hkv
-            if row < max_seq:
+            if pos < max_seq:
                 for c in range(PER_THREAD):
                     i = tid + c * NORM_TPB
                     if i < D:
-                        v_cache[kv0 + kh, row, i] = proj[t, NQG + D * Hkv + kh * D + i]
+                        store(v_cache, sh, kv0 + kh, pos, i, proj[t, NQG + D * Hkv + kh * D + i])
+                finish_v(v_cache, sh, kv0 + kh, pos, tid)
             return
         if slot < H:
             col0 = 2 * D * slot                                # query block of head `slot`
@@ -98,15 +153,16 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
                         y = np.float32(float(s_x[i - HALF]) * sn + float(y) * cs)
                 if slot < H:
                     q_out[t, slot, i] = y
-                elif row < max_seq:
-                    k_cache[kv0 + slot - H, row, i] = y
+                elif pos < max_seq:
+                    store(k_cache, sh, kv0 + slot - H, pos, i, y)
+        if slot >= H and pos < max_seq:                        # block-uniform
+            finish_k(k_cache, sh, kv0 + slot - H, pos, tid)
 
     return kernel
 
 
 def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, *, H: int, Hkv: int,
-                       n_rot: int, base: float, eps: float, slots=None, local_rows: bool = False,
-                       stream=0) -> None:
+                       n_rot: int, base: float, eps: float, slots=None, stream=0) -> None:
     """QK-norm + RoPE for T new tokens, queries to q_out, keys and values into the caches.
 
     proj:     [T, 2·d·H + 2·d·Hkv] float32, columns q_0|g_0|...|q_{H-1}|g_{H-1}|k|v (ref.py docstring)
@@ -115,11 +171,11 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
               [T] int32, the position of each row
     q_out:    [T, H, d] float32 or float16 (written)
     k_cache:  [Hkv, max_seq, d] float16, rows pos0..pos0+T-1 written; v_cache likewise. With slots:
-              [n_slots·Hkv, max_seq, d], row t written at its position in the KV heads of slot slots[t]
+              [n_slots·Hkv, max_seq, d], row t written at its position in the KV heads of slot slots[t].
+              Or a coded cache's roles (KvqTables.role: codes [Hkv, max_seq, d·bits/8] uint8, norms
+              [Hkv, max_seq] uint16, signs, thresholds): the rows coded there (one sequence only)
     slots:    None (the T rows are consecutive tokens of one sequence), or [T] int32: a batched decode step,
               one token of each of T sequences
-    local_rows: row t's key and value go to row t of k_cache / v_cache, [Hkv, >= T, d] (the staging rows a
-              coded cache appends from: kernels/kvq), rotated at their positions all the same
     Rows whose position is ≥ max_seq are not stored (the caller validates the context length).
     """
     T = proj.shape[0]
@@ -131,9 +187,12 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
     batched = slots is not None
     if batched and (slots.shape[0] != T or pos0_buf.shape[0] != T):
         raise ValueError(f"batched rows: proj has {T}, slots {slots.shape[0]}, positions {pos0_buf.shape[0]}")
-    if batched and local_rows:
-        raise ValueError("a batched step stores at each row's position (local_rows is for one sequence)")
-    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched, local_rows)
+    coded = None
+    if isinstance(k_cache, tuple):
+        coded = (k_cache[0].shape[2] * 8 // D, v_cache[0].shape[2] * 8 // D)
+        if batched or D & (D - 1):
+            raise ValueError(f"a coded cache takes one sequence's rows and a power-of-two head dim (d={D})")
+    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched, coded)
     neg2_log_base_over_rot = -2.0 * math.log(base) / n_rot     # inv_freq(i) = exp(i · this)
     kernel[(T, H + 2 * Hkv), NORM_TPB, stream](proj, q_norm_w, k_norm_w, pos0_buf, pos0_buf if slots is None
                                                else slots, q_out, k_cache, v_cache, neg2_log_base_over_rot,

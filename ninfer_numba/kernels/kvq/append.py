@@ -1,7 +1,10 @@
 """Quantize-on-append for the 3/4-bit KV cache: kvq/ref.py's ``quantize`` and ``pack`` for the keys or values
 of T new tokens, written at their cache positions.
 
-One block per (token, KV head), one thread per coordinate (d threads, d a power of two <= 1024):
+``row_coder`` codes one vector with a block of any size; the model's keys and values are coded by the
+QK-norm + RoPE kernel that makes them (flash_attn/rope.py given a coded cache: no float16 copy, no launch
+of its own), from their float16 rounding, as a float16 cache would hold them. ``kvq_append`` codes float32
+rows, one block per (token, KV head), one thread per coordinate (d threads, d a power of two <= 1024):
   1. x ⊙ s into shared memory; the squared norm summed in float64 (the reference's norm, to the f16 rounding)
   2. the Walsh-Hadamard butterflies in place, log2(d) stages, one barrier each
   3. n = ||x|| rounded to float16 (stored as its bits); y_i = (H(s ⊙ x))_i / sqrt(d) · sqrt(d) / n, the
@@ -34,55 +37,54 @@ F16_TINY = float(np.finfo(np.float16).tiny)          # the reference's floor on 
 
 
 @lru_cache(maxsize=None)
-def _append_kernel(d: int, bits: int, from_cache: bool = False):
-    """from_cache: x is float16 staging rows [Hkv, >= T, d] whose row t holds new vector t (the model's
-    QK-norm + RoPE kernel stores them there: its local_rows), read as float32."""
+def row_coder(d: int, bits: int):
+    """(scratch, code_row) device functions coding one vector of d coordinates by a block of any size:
+    scratch() -> the shared arrays (s_y [d] f32, s_ss [d] f64, s_c [d] uint8), made once per kernel;
+    code_row(sh, codes, norms, h, row, tid, nthreads) codes s_y = x ⊙ s with s_ss = x² (filled by the
+    caller, a barrier after) into codes[h, row] and norms[h, row] (steps 2-4 of the module docstring).
+    Refuses unsupported shapes."""
     if d & (d - 1) or not 2 <= d <= 1024 or bits not in BITS or (d * bits) % 24 and bits == 3:
         raise ValueError(f"unsupported kvq append: d={d} (a power of two <= 1024), bits={bits}")
     NB = d * bits // 8                 # bytes of codes per vector
     NT = (1 << bits) - 1               # thresholds
     SQRT_D = float32(math.sqrt(d))
 
-    @cached_jit()
-    def append(x, signs, thresholds, codes, norms, pos):
-        # x: [T, Hkv, d] f32; signs: [d] f32; thresholds: [NT] f32; codes: [Hkv, max_seq, NB] u8;
-        # norms: [Hkv, max_seq] u16 (f16 bits); pos: [1] int32
-        s_y = cuda.shared.array(d, float32)           # x ⊙ s, then its transform
-        s_ss = cuda.shared.array(d, float64)          # squares, then the tree sum
-        s_c = cuda.shared.array(d, uint8)             # codes
-        t = cuda.blockIdx.x
-        h = cuda.blockIdx.y
-        i = cuda.threadIdx.x
-        row = pos[0] + t
-        xv = float32(x[h, t, i]) if from_cache else x[t, h, i]
-        s_y[i] = xv * signs[i]
-        s_ss[i] = float64(xv) * float64(xv)
-        cuda.syncthreads()
+    @cuda.jit(device=True, inline=True)
+    def scratch():
+        s_y = cuda.shared.array(d, float32)          # one per line: the simulator tells them apart by line
+        s_ss = cuda.shared.array(d, float64)
+        s_c = cuda.shared.array(d, uint8)
+        return s_y, s_ss, s_c
+
+    @cuda.jit(device=True, inline=True)
+    def code_row(sh, thresholds, codes, norms, h, row, tid, nthreads):
+        s_y, s_ss, s_c = sh                            # x ⊙ s, then its transform; squares, then their sum
         half = 1
-        while half < d:                                # butterflies: thread i < d/2 owns pair (a, a + half)
-            if i < d // 2:
-                a = (i // half) * 2 * half + i % half
+        while half < d:                                # butterflies: pair p is (a, a + half)
+            for p in range(tid, d // 2, nthreads):
+                a = (p // half) * 2 * half + p % half
                 u = s_y[a]
                 v = s_y[a + half]
                 s_y[a] = u + v
                 s_y[a + half] = u - v
             step = d // (2 * half)                     # the norm's tree sum, one level per stage
-            if i < step:
+            for i in range(tid, step, nthreads):
                 s_ss[i] += s_ss[i + step]
             cuda.syncthreads()
             half *= 2
         n16_bits = pack_f16x2(float32(math.sqrt(s_ss[0])), float32(0.0)) & uint32(0xFFFF)
         n16, _ = h2_to_f32(n16_bits)
-        y = s_y[i] / SQRT_D * (SQRT_D / max(n16, float32(F16_TINY)))
-        c = int32(0)
-        for k in range(NT):
-            if thresholds[k] < y:
-                c += 1
-        s_c[i] = uint8(c)
-        if i == 0:
+        for i in range(tid, d, nthreads):
+            y = s_y[i] / SQRT_D * (SQRT_D / max(n16, float32(F16_TINY)))
+            c = int32(0)
+            for k in range(NT):
+                if thresholds[k] < y:
+                    c += 1
+            s_c[i] = uint8(c)
+        if tid == 0:
             norms[h, row] = uint16(n16_bits)
         cuda.syncthreads()
-        for b in range(i, NB, d):
+        for b in range(tid, NB, nthreads):
             if bits == 4:
                 byte = s_c[2 * b] | (s_c[2 * b + 1] << 4)
             else:
@@ -92,6 +94,39 @@ def _append_kernel(d: int, bits: int, from_cache: bool = False):
                     word |= uint32(s_c[8 * g + k]) << uint32(3 * k)
                 byte = (word >> uint32(8 * (b - 3 * g))) & uint32(0xFF)
             codes[h, row, b] = uint8(byte)
+        cuda.syncthreads()                             # the scratch is free again
+
+    return scratch, code_row
+
+
+@cuda.jit(device=True, inline=True)
+def put_coordinate(sh, signs, i, x):
+    """Coordinate i of a vector to code: x rounded to float16 (what an f16 cache would hold), times the
+    sign, and its square."""
+    s_y, s_ss, _ = sh
+    xv, _ = h2_to_f32(pack_f16x2(x, float32(0.0)) & uint32(0xFFFF))
+    s_y[i] = xv * signs[i]
+    s_ss[i] = float64(xv) * float64(xv)
+
+
+@lru_cache(maxsize=None)
+def _append_kernel(d: int, bits: int):
+    scratch, code_row = row_coder(d, bits)
+
+    @cached_jit()
+    def append(x, signs, thresholds, codes, norms, pos):
+        # x: [T, Hkv, d] f32; signs: [d] f32; thresholds: [2^bits - 1] f32; codes: [Hkv, max_seq, d·bits/8]
+        # u8; norms: [Hkv, max_seq] u16 (f16 bits); pos: [1] int32
+        sh = scratch()
+        t = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        i = cuda.threadIdx.x
+        s_y, s_ss, _ = sh
+        xv = x[t, h, i]
+        s_y[i] = xv * signs[i]
+        s_ss[i] = float64(xv) * float64(xv)
+        cuda.syncthreads()
+        code_row(sh, thresholds, codes, norms, h, pos[0] + t, i, d)
 
     return append
 
@@ -106,16 +141,10 @@ class KvqTables:
         self.thresholds = cuda.to_device(thresholds.astype(np.float32), stream=stream)             # [2^b - 1]
         self.levels = cuda.to_device(levels.astype(np.float32), stream=stream)                     # [2^b]
 
-
-def kvq_append_from_rows(rows, T: int, tables: KvqTables, codes, norms, pos, stream=0) -> None:
-    """Quantize rows 0 .. T - 1 of the float16 staging rows [Hkv, >= T, d] into codes and norms at positions
-    pos[0] .. pos[0] + T - 1; see kvq_append."""
-    Hkv, n_rows, d = rows.shape
-    if T > n_rows:
-        raise ValueError(f"{T} new rows in staging of {n_rows}")
-    kernel = _append_kernel(d, tables.bits, True)
-    if T:
-        kernel[(T, Hkv), d, stream](rows, tables.signs, tables.thresholds, codes, norms, pos)
+    def role(self, codes, norms) -> tuple:
+        """(codes, norms, signs, thresholds): one coded cache of this role as the QK-norm + RoPE kernel
+        takes it in place of a float16 cache (flash_attn/rope.py), coding what it stores."""
+        return codes, norms, self.signs, self.thresholds
 
 
 def kvq_append(x, tables: KvqTables, codes, norms, pos, stream=0) -> None:
