@@ -1,6 +1,7 @@
 """Microbenchmark of the attention kernels at the 9B / 27B shapes, timed inside replayed CUDA graphs.
 
-    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,kvq,prefill] [--mma] [--out FILE]
+    python -m benchmarks.kernels.bench_attn [--model 9b|27b] [--only rope,decode,kvq,prefill,kvq_prefill] [--mma]
+        [--out FILE]
 
 Prints one row per shape: µs per call, GB/s (bytes the kernel must move) and TFLOP/s, with the % of the
 ceiling that bounds it (4.25 TB/s copy rate for rope and decode; torch SDPA's 602 / 643 TFLOP/s at
@@ -9,7 +10,9 @@ several buffer copies so the timings come from HBM. With --out, one JSON object 
 --mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks. kvq: the
 decode attention over the 3/4-bit caches (kernels/kvq/decode.py, split-K partials and their combine) on
 random codes, beside attention_decode's f16 rows above; rows kvq_decode_<type>_tokens* time the second
-partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process.
+partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process. kvq_prefill: the
+tensor-core prefill over coded caches (kernels/kvq/prefill.py: tiles decoded from the codes; the queries'
+rotation included) beside the float16 one (prefill_mma, 4 warps) on the same lengths.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from ninfer_numba.kernels.flash_attn.prefill_mma import launch_prefill_mma
 from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
+from ninfer_numba.kernels.kvq.prefill import kvq_attention_prefill
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, vector_bytes
 from ninfer_numba.model.qwen35 import KVQ_SPLITS
 from benchmarks.timing import append_jsonl, gpu_name, time_graph
@@ -168,6 +172,34 @@ def bench_prefill(H, Hkv, d, rng, lengths, mma=False):
     return rows
 
 
+def bench_kvq_prefill(H, Hkv, d, rng, lengths, kv_types=("k3v3", "k4v4")):
+    """T queries over T cached rows (a first chunk), f16 and coded, SDPA's FLOP count."""
+    rows = []
+    for T in lengths:
+        q = _rand((T, H, d), np.float16, rng)
+        proj = _rand((T, 2 * d * H + 2 * d * Hkv), np.float32, rng)
+        out = cuda.device_array((T, H * d), np.float32)
+        pos0 = cuda.to_device(np.zeros(1, np.int32))
+        flops = 4.0 * H * T * T * d / 2
+        n_inner = max(1, min(10, int(2e13 / flops)))
+        kc, vc = _rand((Hkv, T, d), np.float16, rng), _rand((Hkv, T, d), np.float16, rng)
+        cases = [("prefill_mma_w4", lambda s: launch_prefill_mma(q, kc, vc, pos0, proj, out, stream=s))]
+        for kv_type in kv_types:
+            (kb, vb), (k_row, v_row) = KV_TYPES[kv_type], vector_bytes(kv_type, d)
+            tabs = KvqTables(d, kb, 1), KvqTables(d, vb, 2)
+            norms = cuda.to_device((rng.uniform(5, 20, (Hkv, T)).astype(np.float16)).view(np.uint16))
+            coded = [cuda.to_device(rng.integers(0, 256, (Hkv, T, row - 2), dtype=np.uint8)) for row in (k_row, v_row)]
+            cases.append((f"kvq_prefill_{kv_type}", lambda s, c=coded, n=norms, t=tabs: kvq_attention_prefill(
+                q, c[0], n, c[1], n, pos0, t[0], t[1], proj, out, stream=s)))
+        for name, launch in cases:
+            ms = time_graph(launch, n_inner=n_inner, reps=3 if flops > 1e12 else 10).median_ms
+            tf = flops / ms / 1e9
+            ref = SDPA_TFLOPS.get(T)
+            rows.append(dict(kernel=name, T=T, us=ms * 1e3, TFLOPs=tf, pct=100 * tf / ref if ref else float("nan"),
+                             ceiling=f"SDPA {ref:.0f} TFLOP/s" if ref else "-"))
+    return rows
+
+
 def _printed(rows: list[dict]) -> list[dict]:
     """Print a section's rows as soon as it is timed (a long run shows its progress), and return them."""
     for r in rows:
@@ -198,9 +230,11 @@ def main(argv=None) -> None:
         rows += _printed(bench_decode(**shape, rng=rng))
     if "kvq" in parts:
         rows += _printed(bench_kvq_decode(**shape, rng=rng))
+    lengths = [int(x) for x in args.prefill_lengths.split(",")]
     if "prefill" in parts:
-        rows += _printed(bench_prefill(**shape, rng=rng, mma=args.mma,
-                                       lengths=[int(x) for x in args.prefill_lengths.split(",")]))
+        rows += _printed(bench_prefill(**shape, rng=rng, mma=args.mma, lengths=lengths))
+    if "kvq_prefill" in parts:
+        rows += _printed(bench_kvq_prefill(**shape, rng=rng, lengths=lengths))
     append_jsonl(args.out, [dict(r, model=args.model, gpu=gpu, **shape) for r in rows])
 
 
