@@ -176,7 +176,7 @@ def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
                            "this engine runs RoPE unscaled, within the model's original context length")
 
 
-KV_CACHE_TYPES = ("f16", *KV_TYPES)     # f16 and the coded caches of kernels/kvq (k3v3, k4v3, k4v4)
+KV_CACHE_TYPES = ("f16", *KV_TYPES)     # f16 and the coded caches of kernels/kvq (k3v3, k4v3, k4v4, q8)
 MAX_TOP_LOGPROBS = 20                # alternatives per token (OpenAI's top_logprobs limit)
 
 

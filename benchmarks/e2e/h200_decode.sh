@@ -50,8 +50,9 @@
 #   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
 #               concurrency (STREAMS, default 1,16) with --no-pack-prompts and without, and prefix_gate (9B with
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
-#   STAGE=kvq_variants: bench_attn's f16 and coded-cache decode rows (both partials) and prefill rows (2K, 8K),
-#               the coded-cache GPU tests (append, rope coding, decode, prefill, the model), then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
+#   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, decode, prefill, the model), bench_attn's
+#               f16 and coded-cache decode rows (both partials) and prefill rows (2K, 8K), each type's logits
+#               against f16 on the 9b (benchmarks.e2e.kv_logits, 512 + 64), then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
 #               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
 #   STAGE=long_context: the 27b file, then benchmarks.e2e.long_context on it at its whole context (262,144
 #               tokens, depth 261,760) with KV (k3v3): the first FILL (default depth - 8,192) tokens of the
@@ -329,13 +330,15 @@ kvq_variants)
   left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  timeout 150 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq,kvq_prefill \
+  gpu_tests 120 4 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/kernels/test_kvq_prefill.py tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
+  timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq,kvq_prefill \
     --prefill-lengths 2048,8192 --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
   say "bench_attn decode and prefill (exit $?):"; grep -E "decode|prefill" "$OUT/logs/bench_attn.log"
-  gpu_tests $(( $(left) < 120 ? $(left) : 120 )) 4 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py \
-    tests/kernels/test_kvq_append.py tests/kernels/test_kvq_prefill.py tests/kernels/test_rope_kernel.py \
-    tests/model/test_kv_types.py
   wait $gen
+  timeout $(( $(left) < 150 ? $(left) : 150 )) python3 -m benchmarks.e2e.kv_logits --model models/q35-9b.gguf \
+    --out "$OUT/kv_logits.json" > "$OUT/logs/kv_logits.log" 2>&1
+  say "coded caches' logits against f16, 9b, 512 + 64 (exit $?):"; grep -E "rel" "$OUT/logs/kv_logits.log"
   kv_decode_bench f16 k3v3
   if [ -d .cache/ab_other/ninfer_numba ]; then    # its own package first on the path (cwd), not make's install
     ( cd .cache/ab_other && timeout $(( $(left) < 100 ? $(left) : 100 )) python3 -m ninfer_numba bench --models 9b \

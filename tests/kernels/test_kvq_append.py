@@ -48,14 +48,14 @@ def check_append(T: int, Hkv: int, d: int, bits: int, pos0: int, max_seq: int, r
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
-@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("bits", [3, 4, 8])
 def test_append_tiny(bits):
     check_append(T=3, Hkv=2, d=32, bits=bits, pos0=5, max_seq=11, rng=np.random.default_rng(bits))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("bits", [3, 4, 8])
 def test_append_model_shape(bits):
     """Qwen3.5's attention head (d = 256), a prefill of 300 tokens at position 1000 of a 2048-token cache."""
     check_append(T=300, Hkv=4, d=256, bits=bits, pos0=1000, max_seq=2048, rng=np.random.default_rng(10 + bits))

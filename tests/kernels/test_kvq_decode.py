@@ -92,13 +92,28 @@ def test_decode_chunk_sizes(H, Hkv, L, variant):
                  rng=np.random.default_rng(H * 100 + L), variant=variant)
 
 
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_decode_q8_lanes():
+    """8-bit codes (the q8 type): a lane's code group is two words, its table 256 levels a role; 2 query
+    heads per KV head, 40 tokens in 2 splits, then k4 keys beside 8-bit values. The token-lane partial
+    refuses 8 bits."""
+    check_decode(H=4, Hkv=2, d=32, L=40, max_seq=44, k_bits=8, v_bits=8, n_splits=2,
+                 rng=np.random.default_rng(88), variant="lanes")
+    check_decode(H=4, Hkv=2, d=64, L=21, max_seq=24, k_bits=4, v_bits=8, n_splits=2,
+                 rng=np.random.default_rng(48), variant="lanes")
+    with pytest.raises(ValueError, match="token-lane partial"):
+        check_decode(H=4, Hkv=2, d=32, L=5, max_seq=8, k_bits=8, v_bits=8, n_splits=2,
+                     rng=np.random.default_rng(0), variant="tokens")
+
+
 LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
 
 
 @pytest.mark.skipif(SIMULATOR or gpu_available() or not os.path.exists(LIBDEVICE),
                     reason="offline PTX check: needs NVVM + libdevice and no GPU (a GPU runs the real tests)")
-@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 4)], ids=["k3v3", "k4v4"])
-@VARIANTS
+@pytest.mark.parametrize("k_bits,v_bits,variant", [(3, 3, "lanes"), (4, 4, "lanes"), (8, 8, "lanes"),
+                                                    (3, 3, "tokens"), (4, 4, "tokens")])
 def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, variant):
     """The 9B's partial compiles to sm_90a PTX without a device (reference/numba-cuda.md §7, test-only
     patches of numba internals) with no local memory: queries, scores and accumulators stay in registers
@@ -137,8 +152,8 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
-@VARIANTS
-@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
+@pytest.mark.parametrize("k_bits,v_bits,variant", [(3, 3, "lanes"), (4, 3, "lanes"), (4, 4, "lanes"), (8, 8, "lanes"),
+                                                    (3, 3, "tokens"), (4, 3, "tokens"), (4, 4, "tokens")])
 def test_decode_model_shape(k_bits, v_bits, variant):
     """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits, and
     the 27B's (24 query heads) over 40,000 in 128."""

@@ -74,7 +74,7 @@ def check_prefill(T, H, Hkv, d, pos0, k_bits, v_bits, rng, max_seq=None, n_warps
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
-@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4), (8, 8)], ids=["k3v3", "k4v3", "k4v4", "q8"])
 def test_prefill_tiny(k_bits, v_bits):
     """5 queries at positions 3..7, GQA 2 query heads per KV head, d = 16: one query tile, one key tile
     cut at the last query's position."""
@@ -108,7 +108,7 @@ def test_the_emulation_is_the_rotated_reference_up_to_float16():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4)], ids=["k3v3", "k4v3", "k4v4"])
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (4, 4), (8, 8)], ids=["k3v3", "k4v3", "k4v4", "q8"])
 @pytest.mark.parametrize("T,H,pos0,n_warps", [(1, 16, 0, 4), (113, 16, 799, 4), (300, 24, 3, 4),
                                               (129, 24, 4000, 8)])
 def test_prefill_model_shapes(T, H, pos0, n_warps, k_bits, v_bits):

@@ -12,7 +12,10 @@ D = 256
 # Max (1960), Table I: the unit-Gaussian minimum-MSE quantizers
 MAX_1960 = {3: ([0.2451, 0.7560, 1.3440, 2.1520], 0.03455), 4: ([0.1284, 0.3881, 0.6568, 0.9424, 1.2560, 1.6180,
                                                                   2.0690, 2.7330], 0.009497)}
-ISSUE_BOUND = {3: 0.036, 4: 0.0097}        # the acceptance bounds of the KV-cache issue, per coordinate
+# the acceptance bounds of the KV-cache issue, per coordinate; 8 bits (q8, no bound in the issue): the
+# high-resolution (Panter-Dite) distortion sqrt(3)·pi/2 · 2^-16 = 4.15e-5, which the optimum stays under
+PANTER_DITE_8 = math.sqrt(3) * math.pi / 2 * 2.0 ** -16
+ISSUE_BOUND = {3: 0.036, 4: 0.0097, 8: PANTER_DITE_8}
 
 
 @pytest.mark.parametrize("bits", [3, 4])
@@ -25,13 +28,21 @@ def test_codebook_is_the_lloyd_max_quantizer(bits):
     assert abs(distortion - want_d) < 1e-5
 
 
+def test_eight_bit_codebook_is_near_the_high_resolution_limit():
+    levels, thresholds, distortion = ref.lloyd_max_gaussian(8)
+    assert len(levels) == 256 and np.all(np.diff(levels) > 0)
+    np.testing.assert_allclose(levels, -levels[::-1], atol=1e-12)
+    np.testing.assert_allclose(thresholds, 0.5 * (levels[1:] + levels[:-1]))
+    assert 0.95 * PANTER_DITE_8 < distortion < PANTER_DITE_8, distortion
+
+
 def _relative_mse(x, bits, seed=1):
     codes, norms = ref.quantize(x, bits, seed)
     err = ref.dequantize(codes, norms, bits, seed) - x
     return float(np.mean(err ** 2 / (np.sum(x ** 2, axis=-1, keepdims=True) / x.shape[-1])))
 
 
-@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("bits", [3, 4, 8])
 def test_distortion_on_unit_gaussians_meets_theory(bits):
     x = np.random.default_rng(0).standard_normal((4096, D))
     mse = float(np.mean((ref.dequantize(*ref.quantize(x, bits, 1), bits, 1) - x) ** 2))
@@ -39,7 +50,7 @@ def test_distortion_on_unit_gaussians_meets_theory(bits):
     assert mse >= 0.97 * ref.lloyd_max_gaussian(bits)[2], mse      # nothing cheaper than the optimum
 
 
-@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("bits", [3, 4, 8])
 def test_rotation_spreads_outlier_channels(bits):
     """Keys with a few channels 30x the rest (as trained attention keys have): after the rotation the
     distortion relative to the vector's energy is the Gaussian one; without it a 3-bit code of the raw
@@ -65,7 +76,7 @@ def test_rotation_is_orthonormal_and_a_hadamard_transform():
         ref.fwht(np.zeros(12))
 
 
-@pytest.mark.parametrize("bits,nbytes", [(3, 96), (4, 128)])
+@pytest.mark.parametrize("bits,nbytes", [(3, 96), (4, 128), (8, 256)])
 def test_packing_round_trips_at_the_stated_size(bits, nbytes):
     codes = np.random.default_rng(4).integers(0, 1 << bits, (3, 5, D)).astype(np.uint8)
     packed = ref.pack(codes, bits)
@@ -77,7 +88,7 @@ def test_packing_round_trips_at_the_stated_size(bits, nbytes):
         assert ref.pack(one, 3).tolist() == [[5 << 6 & 0xFF, 5 << 6 >> 8, 0]]
 
 
-@pytest.mark.parametrize("kb,vb", [(3, 3), (4, 3), (4, 4)])
+@pytest.mark.parametrize("kb,vb", [(3, 3), (4, 3), (4, 4), (8, 8)])
 def test_rotated_domain_attention_equals_attention_on_the_decoded_cache(kb, vb):
     rng = np.random.default_rng(5)
     T, H, Hkv, L, d = 3, 4, 2, 9, 64

@@ -105,7 +105,7 @@ def test_norm_rope_store_batched_slots():
 
 @pytest.mark.cudasim
 @needs_sim_or_gpu
-@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3)], ids=["k3v3", "k4v3"])
+@pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (8, 8)], ids=["k3v3", "k4v3", "q8"])
 def test_norm_rope_codes_a_coded_cache(k_bits, v_bits):
     """Given a coded cache's roles, the kernel codes the keys and values it would store in float16: the same
     queries, and codes and norms equal to kvq_append's on those float16 rows (the coder is shared: every

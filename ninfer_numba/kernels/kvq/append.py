@@ -8,9 +8,10 @@ rows, one block per (token, KV head), one thread per coordinate (d threads, d a 
   1. x ⊙ s into shared memory; the squared norm summed in float64 (the reference's norm, to the f16 rounding)
   2. the Walsh-Hadamard butterflies in place, log2(d) stages, one barrier each
   3. n = ||x|| rounded to float16 (stored as its bits); y_i = (H(s ⊙ x))_i / sqrt(d) · sqrt(d) / n, the
-     unit-variance coordinate, and its code = the number of Lloyd-Max thresholds below it (searchsorted)
-  4. the codes packed as the reference packs them (4 bits: two per byte, low nibble first; 3 bits: each
-     group of 8 codes in 3 bytes), one byte per thread
+     unit-variance coordinate, and its code = the number of Lloyd-Max thresholds below it (searchsorted, as
+     a bisection of `bits` steps)
+  4. the codes packed as the reference packs them (8 bits: one per byte; 4 bits: two per byte, low nibble
+     first; 3 bits: each group of 8 codes in 3 bytes), one byte per thread
 The rotation runs in float32 against the reference's float64: a coordinate within float32 rounding of a
 threshold can take the neighbouring code (tests/kernels/test_kvq_append.py bounds where).
 
@@ -46,7 +47,6 @@ def row_coder(d: int, bits: int):
     if d & (d - 1) or not 2 <= d <= 1024 or bits not in BITS or (d * bits) % 24 and bits == 3:
         raise ValueError(f"unsupported kvq append: d={d} (a power of two <= 1024), bits={bits}")
     NB = d * bits // 8                 # bytes of codes per vector
-    NT = (1 << bits) - 1               # thresholds
     SQRT_D = float32(math.sqrt(d))
 
     @cuda.jit(device=True, inline=True)
@@ -76,16 +76,19 @@ def row_coder(d: int, bits: int):
         n16, _ = h2_to_f32(n16_bits)
         for i in range(tid, d, nthreads):
             y = s_y[i] / SQRT_D * (SQRT_D / max(n16, float32(F16_TINY)))
-            c = int32(0)
-            for k in range(NT):
-                if thresholds[k] < y:
-                    c += 1
+            c = int32(0)                               # thresholds below y, by bisection (they are sorted)
+            for k in range(bits):
+                half_span = int32(1) << int32(bits - 1 - k)
+                if thresholds[c + half_span - 1] < y:
+                    c += half_span
             s_c[i] = uint8(c)
         if tid == 0:
             norms[h, row] = uint16(n16_bits)
         cuda.syncthreads()
         for b in range(tid, NB, nthreads):
-            if bits == 4:
+            if bits == 8:
+                byte = s_c[b]
+            elif bits == 4:
                 byte = s_c[2 * b] | (s_c[2 * b + 1] << 4)
             else:
                 g = b // 3

@@ -1,4 +1,4 @@
-"""Decode attention over the 3/4-bit KV cache, in the rotated domain (kvq/ref.py's attention_rotated_ref for
+"""Decode attention over the coded KV cache (3, 4 or 8 bits), in the rotated domain (kvq/ref.py's attention_rotated_ref for
 one query token): no cached vector is ever rotated back.
 
 Split-K over the cached tokens, two kernels on one stream:
@@ -8,11 +8,11 @@ Split-K over the cached tokens, two kernels on one stream:
            keys' rotation (signs, Walsh-Hadamard butterflies in registers and by shuffles); then every lane
            keeps, in registers, the rotated queries at the 8 coordinates it owns: lane l owns coordinates
            8l .. 8l + 7, which are code group l of every key and value row (one 24-bit group at 3 bits, one
-           word at 4). Each warp takes chunks of CH consecutive tokens (chunks w, w + NW, ...):
+           word at 4, two at 8). Each warp takes chunks of CH consecutive tokens (chunks w, w + NW, ...):
              loads    per token the one or two words holding my group, straight from global memory into
                       registers (a warp's load of one row is 96 or 128 contiguous bytes); no shared staging
-             scores   per token and head, my 8 coordinates' share of q_rot · level[c] (levels from an 8- or
-                      16-entry table in shared memory); the 32 lanes' shares are summed by a butterfly that
+             scores   per token and head, my 8 coordinates' share of q_rot · level[c] (levels from an 8-,
+                      16- or 256-entry table in shared memory); the 32 lanes' shares are summed by a butterfly that
                       scatters the CH tokens over the lanes (log2 CH halving steps, then plain steps), so
                       lane l ends with the G full scores of token l >> (5 - log2 CH) at ~1 shuffle per score
              softmax  per head, online across the warp's chunks (max and sum by shuffles over the token
@@ -174,8 +174,9 @@ def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
 
 @lru_cache(maxsize=None)
 def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
-    if d % 32 or d > 256 or d & (d - 1) or H % Hkv:
-        raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
+    if d % 32 or d > 256 or d & (d - 1) or H % Hkv or not {k_bits, v_bits} <= {3, 4, 8}:
+        raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256), "
+                         f"k{k_bits}v{v_bits} (3, 4 or 8 bits)")
     G = H // Hkv
     V = d // 32                  # coordinates of a row per lane in the warp-held rotations
     LANES = d // 8               # lanes owning a code group (8 coordinates) of every row
@@ -190,8 +191,13 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     OFF_Q, OFF_ML, OFF_A, _ = partial_smem_words(G, d)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
     SCORE = float32(LOG2E / d ** 1.5)           # scores in the log2 domain: p = 2^(s - m)
-    KMASK = uint32((1 << k_bits) - 1)
-    VMASK = uint32((1 << v_bits) - 1)
+    # a lane's code group: 24 or 32 bits in a uint32, 64 (8 bits) in a uint64, extracted in that width
+    KW = uint64 if k_bits == 8 else uint32
+    VW = uint64 if v_bits == 8 else uint32
+    KMASK = KW((1 << k_bits) - 1)
+    VMASK = VW((1 << v_bits) - 1)
+    LV = 256 if 8 in (k_bits, v_bits) else 16    # codebook entries per role in the shared table
+    LV2 = 2 * LV                                 # (shared array shapes must be plain constants)
     f0 = float32(0.0)
     tail = split_tail(G, d, OFF_A, OFF_ML)
     # 4 blocks (16 warps) per SM: 512 blocks of the 9B's 4 KV heads x 128 splits in one wave
@@ -210,15 +216,36 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         sh = uint64((uint32(24) * grp) & uint32(31))
         return uint32(((uint64(words[base + wb]) << uint64(32)) | uint64(words[base + wa])) >> sh)
 
+    @cuda.jit(device=True, inline=True)
+    def group_bytes(words, row, W, grp):
+        """The 64 code bits of group grp of an 8-bit coded row: words 2·grp and 2·grp + 1."""
+        base = row * uint32(W) + uint32(2) * grp
+        return (uint64(words[base + uint32(1)]) << uint64(32)) | uint64(words[base])
+
+    if k_bits == 8:
+        def k_group(words, row, grp):
+            return group_bytes(words, row, WK, grp)
+    else:
+        def k_group(words, row, grp):
+            return group_bits(words, row, WK, k_bits, grp)
+    if v_bits == 8:
+        def v_group(words, row, grp):
+            return group_bytes(words, row, WV, grp)
+    else:
+        def v_group(words, row, grp):
+            return group_bits(words, row, WV, v_bits, grp)
+    k_group = cuda.jit(device=True, inline=True)(k_group)
+    v_group = cuda.jit(device=True, inline=True)(v_group)
+
     @cached_jit(**occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
                 part_ml, k_flat, v_flat):
         # k_words [Hkv·max_seq·WK], v_words [Hkv·max_seq·WV] uint32 (flat views of the coded caches);
         # k_flat, v_flat [Hkv·max_seq] uint16: the norms flat (k_norms gives max_seq)
         smem = cuda.shared.array(0, float32)
-        # the codebooks (keys at 0, values at 16) in a static array: its address is a link-time constant,
+        # the codebooks (keys at 0, values at LV) in a static array: its address is a link-time constant,
         # so a code's table load is one LDS with an immediate offset (the dynamic array's base is a register)
-        s_lvl = cuda.shared.array(32, float32)
+        s_lvl = cuda.shared.array(LV2, float32)
         split = cuda.blockIdx.x
         hk = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -234,9 +261,14 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             rotate_query(q, hk * G + g, k_signs, rot, V, lane)
             for k in range(V):
                 smem[OFF_Q + g * d + V * lane + k] = rot[k]
-        if tid < 16:
-            s_lvl[tid] = k_levels[tid] if tid < k_levels.shape[0] else f0
-            s_lvl[16 + tid] = v_levels[tid] if tid < v_levels.shape[0] else f0
+        if LV == 16:
+            if tid < 16:
+                s_lvl[tid] = k_levels[tid] if tid < k_levels.shape[0] else f0
+                s_lvl[16 + tid] = v_levels[tid] if tid < v_levels.shape[0] else f0
+        else:
+            for i in range(tid, LV, TPB):
+                s_lvl[i] = k_levels[i] if i < k_levels.shape[0] else f0
+                s_lvl[LV + i] = v_levels[i] if i < v_levels.shape[0] else f0
         cuda.syncthreads()
         # my code group; lanes past LANES (d < 256) mirror the last group with zero queries, so they add
         # nothing to the scores, and their accumulators are never written
@@ -249,7 +281,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         lsum = cuda.local.array(G, float32)
         acc = cuda.local.array(R8, float32)               # [G, 8] unnormalised output at my coordinates
         part = cuda.local.array(PS, float32)              # [CH, G] my share of the chunk's scores
-        v_bits_t = cuda.local.array(CH, uint32)           # the chunk's value code groups (mine)
+        v_bits_t = cuda.local.array(CH, VW)               # the chunk's value code groups (mine)
         pv = cuda.local.array(G, float32)                 # weights p · n_v / sqrt(d) of my chunk token
         lv = cuda.local.array(8, float32)                 # a value row's levels at my coordinates
         for g in range(G):
@@ -268,12 +300,12 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             # tokens past j_end (the split's last chunk) load the last row and are masked below
             for t in range(CH):
                 row = min(r_c + uint32(t), last)
-                kb = group_bits(k_words, row, WK, k_bits, grp)
-                v_bits_t[t] = group_bits(v_words, row, WV, v_bits, grp)
+                kb = k_group(k_words, row, grp)
+                v_bits_t[t] = v_group(v_words, row, grp)
                 for g in range(G):
                     part[t * G + g] = f0
                 for k in range(8):
-                    lvl = s_lvl[(kb >> uint32(k_bits * k)) & KMASK]
+                    lvl = s_lvl[(kb >> KW(k_bits * k)) & KMASK]
                     for g in range(G):
                         part[t * G + g] += r_q[8 * g + k] * lvl
             tok = min(r_c + uint32(t_mine), last)
@@ -316,7 +348,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             for t in range(CH):
                 bits = v_bits_t[t]
                 for k in range(8):
-                    lv[k] = s_lvl[uint32(16) + ((bits >> uint32(v_bits * k)) & VMASK)]
+                    lv[k] = s_lvl[uint32(LV) + ((bits >> VW(v_bits * k)) & VMASK)]
                 for g in range(G):
                     pr = shfl_idx_f32(pv[g], t << TSH)
                     for k in range(8):

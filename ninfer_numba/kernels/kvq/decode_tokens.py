@@ -95,6 +95,9 @@ lds_f32 = _make_lds_f32()
 def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
     if d % 32 or d > 256 or d & (d - 1) or H % Hkv:
         raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256)")
+    if not {k_bits, v_bits} <= {3, 4}:
+        raise ValueError(f"the token-lane partial decodes 3- and 4-bit codes, not k{k_bits}v{v_bits} "
+                         "(variant='lanes' decodes 8-bit ones)")
     G = H // Hkv
     GP = padded_heads(G)
     V = d // 32

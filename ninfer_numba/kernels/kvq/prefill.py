@@ -1,4 +1,4 @@
-"""Prefill attention over the 3/4-bit coded cache, on fp16 tensor cores, in the rotated domain.
+"""Prefill attention over the coded cache (3, 4 or 8 bits), on fp16 tensor cores, in the rotated domain.
 
 The float16 prefill kernel (flash_attn/prefill_mma.py) with two hooks swapped, so no float16 copy of the
 history exists anywhere (a prefill at depth L reads L·(k_bits + v_bits)/8 bytes per KV head coordinate,
@@ -9,7 +9,7 @@ not 4·L, and needs no [Hkv, L, d] scratch):
      thread per coordinate, the butterflies in shared memory.
   2. The mma kernel, whose K and V tiles are decoded from the codes into shared memory as float16
      level[c] · n/√d (the rotated vectors kvq/ref.py's ``decode_rotated`` gives), BK rows at a time: each
-     thread one group of 8 codes (3 bytes at 3 bits, 4 at 4 bits) → 4 words of f16 pairs, one norm read.
+     thread one group of 8 codes (3 bytes at 3 bits, 4 at 4, 8 at 8) → 4 words of f16 pairs, one norm read.
      The tile loads are plain stores where the f16 kernel's are cp.async: they do not overlap the tile's
      mma work (a cost to measure; the norm and codebook reads hit L1).
   3. Its epilogue: O/l [BQ, d] (in the values' rotated domain) gets the Walsh-Hadamard butterflies per row
@@ -125,13 +125,19 @@ def coded_cache_hooks(ts: TileShape, k_bits: int, v_bits: int):
                         n, _ = h2_to_f32(uint32(norms[kvh, row]))
                         scale = n * INV_SQRT_D
                         b = GROUP_BYTES * gi
-                        word = zero
-                        for k in range(GROUP_BYTES):
-                            word |= uint32(codes[kvh, row, b + k]) << uint32(8 * k)
-                        for w in range(4):
-                            lo = (word >> (FIELD * uint32(2 * w))) & MASK
-                            hi = (word >> (FIELD * uint32(2 * w + 1))) & MASK
-                            smem[dst + w] = pack_f16x2(levels[lo] * scale, levels[hi] * scale)
+                        if bits == 8:                      # a byte per code
+                            for w in range(4):
+                                lo = codes[kvh, row, b + 2 * w]
+                                hi = codes[kvh, row, b + 2 * w + 1]
+                                smem[dst + w] = pack_f16x2(levels[lo] * scale, levels[hi] * scale)
+                        else:                              # the group's 24 or 32 bits in one word
+                            word = zero
+                            for k in range(GROUP_BYTES):
+                                word |= uint32(codes[kvh, row, b + k]) << uint32(8 * k)
+                            for w in range(4):
+                                lo = (word >> (FIELD * uint32(2 * w))) & MASK
+                                hi = (word >> (FIELD * uint32(2 * w + 1))) & MASK
+                                smem[dst + w] = pack_f16x2(levels[lo] * scale, levels[hi] * scale)
                     else:
                         smem[dst] = zero
                         smem[dst + 1] = zero

@@ -7,14 +7,15 @@ One cached vector x (a key or a value of one token and KV head, d = head_dim, a 
 Rotated by R, the coordinates of a vector look Gaussian with variance n²/d whatever x was, so one codebook
 serves every vector: the Lloyd-Max quantizer of the unit Gaussian, scaled by n/sqrt(d). Its distortion is
 0.0345 per coordinate at 3 bits and 0.0095 at 4 (relative to n²/d). Bytes per vector at d = 256: 96 (3 bit)
-or 128 (4 bit) of codes plus 2 of norm, against 512 in float16.
+or 128 (4 bit) of codes plus 2 of norm, against 512 in float16; 8 bits (the q8 type): 256 + 2, distortion
+4.1e-5.
 
 Attention never rotates a cached vector back: R is orthonormal, so q·k = (R q)·(R k) and
 sum_j p_j v_j = Rᵀ sum_j p_j (R v_j). The query is rotated once per head, scores are taken against the
 decoded rotated keys, values are accumulated rotated, and the output is rotated back once.
 
 Packing (per vector, little-endian): 4 bits: code i in byte i // 2, low nibble first; 3 bits: each group of
-8 codes fills 3 bytes as one 24-bit word, code i of the group at bits 3i..3i+2.
+8 codes fills 3 bytes as one 24-bit word, code i of the group at bits 3i..3i+2; 8 bits: code i in byte i.
 """
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from functools import lru_cache
 
 import numpy as np
 
-BITS = (3, 4)
-KV_TYPES = {"k3v3": (3, 3), "k4v3": (4, 3), "k4v4": (4, 4)}     # --kv-type -> (key bits, value bits)
+BITS = (3, 4, 8)
+# --kv-type -> (key bits, value bits); q8: 8-bit codes of the same rotation and codebook family (258 bytes a
+# vector at d = 256, against 272 in llama.cpp's q8_0 and 512 in float16)
+KV_TYPES = {"k3v3": (3, 3), "k4v3": (4, 3), "k4v4": (4, 4), "q8": (8, 8)}
 
 
 def vector_bytes(kv_type: str, d: int) -> tuple[int, int]:
@@ -146,6 +149,8 @@ def dequantize(codes: np.ndarray, norms: np.ndarray, bits: int, seed: int) -> np
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """Codes uint8 [..., d] -> bytes uint8 [..., d·bits/8] in the layout of the module docstring."""
     c = codes.astype(np.uint32)
+    if bits == 8:
+        return codes.astype(np.uint8)
     if bits == 4:
         return (c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)
     if bits == 3:
@@ -161,6 +166,8 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 def unpack(packed: np.ndarray, bits: int, d: int) -> np.ndarray:
     """Inverse of ``pack``: bytes [..., d·bits/8] -> codes uint8 [..., d]."""
     p = packed.astype(np.uint32)
+    if bits == 8:
+        return packed.astype(np.uint8)
     if bits == 4:
         out = np.empty((*p.shape[:-1], d), np.uint8)
         out[..., 0::2] = p & 0xF
