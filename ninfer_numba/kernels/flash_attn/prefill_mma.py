@@ -89,13 +89,42 @@ class TileShape:
         self.OW = D + 4              # float32 row stride of the O staging tile (reuses the Q/K/V space)
 
 
+@cuda.jit(device=True, inline=True)
+def zero_words(smem, dst):
+    """A tile row's 16-byte chunk (4 words) zero-filled: a row past the keys needed."""
+    smem[dst] = np.uint32(0)
+    smem[dst + 1] = np.uint32(0)
+    smem[dst + 2] = np.uint32(0)
+    smem[dst + 3] = np.uint32(0)
+
+
+def gated_finish(ts: TileShape, prepare, column_scale):
+    """The epilogue hook: prepare(smem_f, v_cache, tid) on the staged O/l rows [BQ, OW] (a barrier after it
+    if it writes them), then out rows of the tile = staged · column_scale(v_cache, c) ⊙ σ(gate), coalesced."""
+    D, TPB, OW, BQ = ts.D, ts.TPB, ts.OW, ts.BQ
+
+    @cuda.jit(device=True, inline=True)
+    def finish(smem_f, qt0, T, h, proj, out, v_cache):
+        tid = cuda.threadIdx.x
+        prepare(smem_f, v_cache, tid)
+        for i in range(BQ * D // TPB):
+            e = tid + i * TPB
+            r = e // D
+            c = e - r * D
+            tq = qt0 + r
+            if tq < T:
+                gate = proj[tq, 2 * D * h + D + c]
+                out[tq, h * D + c] = smem_f[r * OW + c] * column_scale(v_cache, c) / (np.float32(1.0)
+                                                                                     + math.exp(-gate))
+    return finish
+
+
 def f16_cache_hooks(ts: TileShape):
     """(head_base, load_k, load_v, finish) of the float16 cache: K / V tiles by cp.async from [Hkv, max_seq,
     d] caches (head_base: the flat cache row of a KV head's key 0), output o ⊙ σ(gate)."""
-    D, TPB, RW, OW, BQ = ts.D, ts.TPB, ts.RW, ts.OW, ts.BQ
+    D, TPB, RW = ts.D, ts.TPB, ts.RW
     CH = D // 8                  # 16-byte chunks per row
     KV_ITERS = (BK * CH + TPB - 1) // TPB
-    zero = np.uint32(0)
 
     @cuda.jit(device=True, inline=True)
     def head_base(cache, kvh):
@@ -115,26 +144,18 @@ def f16_cache_hooks(ts: TileShape):
                 if kt0 + r < kv_hi:
                     ptx.cp_async_16(smem, dst, cache, (kv_row0 + kt0 + r) * D + 8 * c)
                 else:
-                    smem[dst] = zero
-                    smem[dst + 1] = zero
-                    smem[dst + 2] = zero
-                    smem[dst + 3] = zero
+                    zero_words(smem, dst)
         ptx.cp_async_commit()
 
     @cuda.jit(device=True, inline=True)
-    def finish(smem_f, qt0, T, h, proj, out, v_cache):
-        """out rows of the tile = O/l (staged in smem_f [BQ, OW]) ⊙ σ(gate), coalesced."""
-        tid = cuda.threadIdx.x
-        for i in range(BQ * D // TPB):
-            e = tid + i * TPB
-            r = e // D
-            c = e - r * D
-            tq = qt0 + r
-            if tq < T:
-                gate = proj[tq, 2 * D * h + D + c]
-                out[tq, h * D + c] = smem_f[r * OW + c] / (np.float32(1.0) + math.exp(-gate))
+    def as_staged(smem_f, v_cache, tid):
+        return
 
-    return head_base, load_kv_tile, load_kv_tile, finish
+    @cuda.jit(device=True, inline=True)
+    def unscaled(v_cache, c):
+        return np.float32(1.0)
+
+    return head_base, load_kv_tile, load_kv_tile, gated_finish(ts, as_staged, unscaled)
 
 
 def _hooks(cache: tuple | None, ts: TileShape):

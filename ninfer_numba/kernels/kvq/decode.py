@@ -222,20 +222,16 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         base = row * uint32(W) + uint32(2) * grp
         return (uint64(words[base + uint32(1)]) << uint64(32)) | uint64(words[base])
 
-    if k_bits == 8:
-        def k_group(words, row, grp):
-            return group_bytes(words, row, WK, grp)
-    else:
-        def k_group(words, row, grp):
-            return group_bits(words, row, WK, k_bits, grp)
-    if v_bits == 8:
-        def v_group(words, row, grp):
-            return group_bytes(words, row, WV, grp)
-    else:
-        def v_group(words, row, grp):
-            return group_bits(words, row, WV, v_bits, grp)
-    k_group = cuda.jit(device=True, inline=True)(k_group)
-    v_group = cuda.jit(device=True, inline=True)(v_group)
+    def role_group(bits: int, W: int):
+        """group(words, row, grp): my code group of one role's row, in that role's width."""
+        if bits == 8:
+            def group(words, row, grp):
+                return group_bytes(words, row, W, grp)
+        else:
+            def group(words, row, grp):
+                return group_bits(words, row, W, bits, grp)
+        return cuda.jit(device=True, inline=True)(group)
+    k_group, v_group = role_group(k_bits, WK), role_group(v_bits, WV)
 
     @cached_jit(**occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,

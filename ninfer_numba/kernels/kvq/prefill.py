@@ -31,7 +31,8 @@ from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.flash_attn.prefill_mma import (BK, MAX_D, N_WARPS, TileShape, _prefill_mma_kernel,
-                                                        launch_grid, smem_bytes, supports_shape)
+                                                        gated_finish, launch_grid, smem_bytes, supports_shape,
+                                                        zero_words)
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import cuda
@@ -139,30 +140,20 @@ def coded_cache_hooks(ts: TileShape, k_bits: int, v_bits: int):
                                 hi = (word >> (FIELD * uint32(2 * w + 1))) & MASK
                                 smem[dst + w] = pack_f16x2(levels[lo] * scale, levels[hi] * scale)
                     else:
-                        smem[dst] = zero
-                        smem[dst + 1] = zero
-                        smem[dst + 2] = zero
-                        smem[dst + 3] = zero
+                        zero_words(smem, dst)
 
         return load
 
+    # the epilogue: out = R_vᵀ (O/l) ⊙ σ(gate), the butterflies on the staged rows, then signs / √d
     @cuda.jit(device=True, inline=True)
-    def finish(smem_f, qt0, T, h, proj, out, v_src):
-        """out rows of the tile = R_vᵀ (O/l) ⊙ σ(gate): the butterflies on the staged rows, then signs/√d."""
-        signs = v_src[3]
-        tid = cuda.threadIdx.x
+    def rotate_back(smem_f, v_src, tid):
         fwht_rows(smem_f, 0, BQ, D, OW, tid, TPB)
-        for i in range(BQ * D // TPB):
-            e = tid + i * TPB
-            r = e // D
-            c = e - r * D
-            tq = qt0 + r
-            if tq < T:
-                gate = proj[tq, 2 * D * h + D + c]
-                out[tq, h * D + c] = (smem_f[r * OW + c] * signs[c] * INV_SQRT_D
-                                      / (float32(1.0) + math.exp(-gate)))
 
-    return head_base, tile_loader(k_bits), tile_loader(v_bits), finish
+    @cuda.jit(device=True, inline=True)
+    def signs_over_sqrt_d(v_src, c):
+        return v_src[3][c] * INV_SQRT_D
+
+    return head_base, tile_loader(k_bits), tile_loader(v_bits), gated_finish(ts, rotate_back, signs_over_sqrt_d)
 
 
 def kvq_attention_prefill(q, k_codes, k_norms, v_codes, v_norms, pos0_buf, k_tab: KvqTables, v_tab: KvqTables,
