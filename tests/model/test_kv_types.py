@@ -144,8 +144,9 @@ def test_fill_random_sets_the_depth_and_the_rows_below_it(tiny_model, kv_type):
 
 
 @pytest.mark.cudasim
-def test_coded_attention_layer_matches_the_reference_in_the_simulator():
-    """The GPU model's attention layer over a k3v3 cache (model/qwen35.py _coded_attention: QK-norm + RoPE
+@pytest.mark.parametrize("kv_type", ["k3v3", "q8"])
+def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
+    """The GPU model's attention layer over a coded cache (model/qwen35.py _coded_attention: QK-norm + RoPE
     coding the new rows at their positions, a 4-token prefill over the codes, then a decode step, both in
     the rotated domain) against attn_mixer_ref with the same coding, on the GPU model tests'
     shapes."""
@@ -157,7 +158,7 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator():
         pytest.skip("the simulator run of the layer (the GPU runs test_gpu_coded_cache_against_the_reference)")
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        model = tiny_gpu_model(tmp, max_seq=16, prefill_chunk=4, kv_type="k3v3")
+        model = tiny_gpu_model(tmp, max_seq=16, prefill_chunk=4, kv_type=kv_type)
         c, stream = model.c, model.stream
         st = model.new_state(16)
         st.reset(stream)
@@ -169,7 +170,7 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator():
         v_ref = k_ref.copy()
         want = attn_mixer_ref(proj_all, layer.small["q_norm"].copy_to_host(), layer.small["k_norm"].copy_to_host(),
                               k_ref, v_ref, 0, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, c.rope_base, c.rms_eps,
-                              store_dtype=np.float16, store=kv_round_trip("k3v3", i))
+                              store_dtype=np.float16, store=kv_round_trip(kv_type, i))
         got = []
         for a, b in ((0, 4), (4, 5)):                    # a 4-token prefill, then one decode step
             t = b - a
