@@ -54,6 +54,9 @@
 #               f16 and coded-cache decode rows (both partials) and prefill rows (2K, 8K), each type's logits
 #               against f16 on the 9b (benchmarks.e2e.kv_logits, 512 + 64), then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
 #               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
+#   STAGE=kv_llamacpp: llama.cpp built and the 9b file, then the decode at depth 32K of ours with k3v3 beside
+#               llama.cpp's q8_0 cache, and ours with f16 beside its q4_0 (issue 14's speed gate; records in
+#               $OUT/kv_llamacpp.tgz), in what is left of DEADLINE (570) s
 #   STAGE=long_context: the 27b file, then benchmarks.e2e.long_context on it at its whole context (262,144
 #               tokens, depth 261,760) with KV (k3v3): the first FILL (default depth - 8,192) tokens of the
 #               cache filled at random (a full prefill is ~1.35e17 FLOPs of attention, past one call), the
@@ -347,6 +350,24 @@ kvq_variants)
     say "decode, ours k3v3 in .cache/ab_other (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_other_k3v3.log"
     ( cd "$OUT" && tar czf kv_other.tgz kv_other_* && rm -rf kv_other_*/ )
   fi
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  ;;
+kv_llamacpp)
+  # issue 14's speed gate in one call: our decode at depth 32K with f16 and k3v3 beside llama.cpp's q8_0 and
+  # q4_0 caches (two make bench runs: ours k3v3 / theirs q8_0, ours f16 / theirs q4_0) on one 9b file
+  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
+  start_builds "$OUT/logs"
+  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
+  while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
+  kill $gen 2>/dev/null; pkill -f "make-model --shape 27b"     # the 27b file is not needed here
+  for pair in k3v3:q8_0 f16:q4_0; do
+    ours=${pair%%:*}; theirs=${pair##*:}
+    timeout $(( $(left) < 200 ? $(left) : 200 )) make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b \
+      --tests tg128@d32768 --kv-type $ours --llamacpp-kv-type $theirs --out $OUT/kv_${ours}_lc_${theirs}" \
+      > "$OUT/logs/bench_kv_${ours}_lc_${theirs}.log" 2>&1
+    say "decode at 32K, ours $ours, llama.cpp $theirs (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_${ours}_lc_${theirs}.log"
+  done
+  ( cd "$OUT" && tar czf kv_llamacpp.tgz kv_*_lc_* && rm -rf kv_*_lc_*/ )
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 long_context)
