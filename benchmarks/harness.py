@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                         help="our KV cache type (llama.cpp runs --llamacpp-kv-type, f16 unless given)")
+    parser.add_argument("--kvq-partial", default="lanes", choices=["lanes", "tokens", "auto"],
+                        help="our coded cache's decode partial (EngineConfig.kvq_partial)")
     parser.add_argument("--llamacpp-kv-type", choices=LLAMACPP_CACHE_CHOICES, default=None,
                         help="llama.cpp's -ctk/-ctv (default: ours where it has it, else f16)")
     parser.add_argument("--gemm", choices=["auto", "w8a16", "mma", "dp4a"], default="auto",
@@ -190,7 +192,8 @@ def kernel_start_settings() -> dict:
 
 def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_type: str,
                gemm: str, prefill_graphs: bool = True, pdl: bool = True,
-               gpus: str = "") -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
+               gpus: str = "", kvq_partial: str = "lanes"
+               ) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
     """Our engine on every test: (test, samples_tps, settings, compile_seconds) per test, and describe()."""
     from ninfer_numba import LLM
 
@@ -199,6 +202,8 @@ def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_
         kwargs["gpus"] = gpus
     if gemm != "auto":
         kwargs["gemm"] = gemm
+    if kvq_partial != "lanes":
+        kwargs["kvq_partial"] = kvq_partial
     if not prefill_graphs and backend == "cuda":
         kwargs["prefill_graphs"] = False
     if not pdl and backend == "cuda":
@@ -269,7 +274,7 @@ def bench_model(spec: str, args: argparse.Namespace, tests: list[BenchTest], bac
             build = rec["llamacpp_build"]
     log(f"{label}: ninfer ({backend}) on {path}")
     results, described = run_ninfer(path, tests, args.reps, backend, args.kv_type, args.gemm,
-                                    args.prefill_graphs == "on", args.pdl == "on", args.gpus)
+                                    args.prefill_graphs == "on", args.pdl == "on", args.gpus, args.kvq_partial)
     for test, samples, settings, compile_s in results:
         rec = {**ninfer_record(test, samples, context, settings=settings, compile_seconds=compile_s,
                                llamacpp_build=build), "gpus": gpus}

@@ -28,6 +28,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                    help="KV cache format: f16, or keys/values in 3 or 4 bits after a Hadamard rotation "
                         "(kernels/kvq)")
+    p.add_argument("--kvq-partial", default="lanes", choices=["lanes", "tokens", "auto"],
+                   help="a coded cache's decode partial: lanes owning code groups, a lane per key token, or "
+                        "auto (tokens from 16,384 tokens of capacity, 3/4 bits)")
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=1024,
                    help="memory for state snapshots at prompt prefixes, reused across requests (0: off)")
     p.add_argument("--no-prefill-graphs", action="store_true",
@@ -47,7 +50,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
     """EngineConfig fields from the flags of _add_engine_args (max_seq aside: callers may raise it)."""
     return dict(prefill_chunk=a.prefill_chunk, gemm=a.gemm, kv_type=a.kv_type,
                 prefill_graphs=not a.no_prefill_graphs, prefix_cache_mb=a.prefix_cache_mb, gpus=a.gpus, pdl=not a.no_pdl,
-                pack_prompts=not a.no_pack_prompts)
+                pack_prompts=not a.no_pack_prompts, kvq_partial=a.kvq_partial)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:

@@ -233,7 +233,8 @@ class EngineConfig:
     backend: str = "auto"          # auto | cpu | cuda
     max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
     prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
-    kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 (kernels/kvq)
+    kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 / q8 (kernels/kvq)
+    kvq_partial: str = "lanes"     # a coded cache's decode partial: lanes | tokens | auto (kvq/decode.py)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
     pdl: bool = True               # decode-step kernels launched programmatically on sm_90+ (kernels/pdl.py)
@@ -260,3 +261,7 @@ class EngineConfig:
             parse_gpus(self.gpus)                # a bad list fails here, before any weight is read
         if self.kv_type not in KV_CACHE_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_CACHE_TYPES)}, not {self.kv_type!r}")
+        if self.kvq_partial not in ("lanes", "tokens", "auto"):
+            raise ValueError(f"kvq_partial must be lanes, tokens or auto, not {self.kvq_partial!r}")
+        if self.kvq_partial == "tokens" and self.kv_type == "q8":
+            raise ValueError("the token-lane decode partial decodes 3- and 4-bit codes: q8 takes lanes or auto")

@@ -52,8 +52,9 @@
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
 #   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, decode, prefill, the model), bench_attn's
 #               f16 and coded-cache decode rows (both partials) and prefill rows (2K, 8K), each type's logits
-#               against f16 on the 9b (benchmarks.e2e.kv_logits, 512 + 64), then our decode at depth 32K with f16 and k3v3, in this tree and in .cache/ab_other
-#               when carried (a tree whose model takes the other partial), in what is left of DEADLINE (570) s
+#               against f16 on the 9b (benchmarks.e2e.kv_logits, 512 + 64), then our decode at depth 32K
+#               with f16, k3v3, and k3v3 through the token-lane partial (--kvq-partial tokens), in what is
+#               left of DEADLINE (570) s
 #   STAGE=kv_llamacpp: llama.cpp built and the 9b file, then the decode at depth 32K of ours with k3v3 beside
 #               llama.cpp's q8_0 cache, and ours with f16 beside its q4_0 (issue 14's speed gate; records in
 #               $OUT/kv_llamacpp.tgz), in what is left of DEADLINE (570) s
@@ -343,13 +344,11 @@ kvq_variants)
     --out "$OUT/kv_logits.json" > "$OUT/logs/kv_logits.log" 2>&1
   say "coded caches' logits against f16, 9b, 512 + 64 (exit $?):"; grep -E "rel" "$OUT/logs/kv_logits.log"
   kv_decode_bench f16 k3v3
-  if [ -d .cache/ab_other/ninfer_numba ]; then    # its own package first on the path (cwd), not make's install
-    ( cd .cache/ab_other && timeout $(( $(left) < 100 ? $(left) : 100 )) python3 -m ninfer_numba bench --models 9b \
-      --model-dir "$OLDPWD/models" --tests tg128@d32768 --kv-type k3v3 --skip-llamacpp --out "$OUT/kv_other_k3v3" ) \
-      > "$OUT/logs/bench_kv_other_k3v3.log" 2>&1
-    say "decode, ours k3v3 in .cache/ab_other (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_other_k3v3.log"
-    ( cd "$OUT" && tar czf kv_other.tgz kv_other_* && rm -rf kv_other_*/ )
-  fi
+  timeout $(( $(left) < 100 ? $(left) : 100 )) make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b \
+    --tests tg128@d32768 --kv-type k3v3 --kvq-partial tokens --skip-llamacpp --out $OUT/kv_k3v3_tokens" \
+    > "$OUT/logs/bench_kv_k3v3_tokens.log" 2>&1
+  say "decode, ours k3v3 with the token-lane partial (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_k3v3_tokens.log"
+  ( cd "$OUT" && tar czf kv_tokens.tgz kv_k3v3_tokens && rm -rf kv_k3v3_tokens )
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kv_llamacpp)

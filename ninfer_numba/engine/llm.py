@@ -93,7 +93,7 @@ class LLM:
         gemm = self.runner.gemm_path if self.backend == "cuda" else e.gemm   # what "auto" resolved to
         out = {"backend": self.backend, "kv_type": e.kv_type, "gemm": gemm, "max_seq": self.max_seq,
                "prefill_chunk": e.prefill_chunk, "prefill_graphs": e.prefill_graphs,
-               "pdl": e.pdl, "pack_prompts": e.pack_prompts}
+               "pdl": e.pdl, "pack_prompts": e.pack_prompts, "kvq_partial": e.kvq_partial}
         state = getattr(self.runner, "state", None)
         if state is not None and hasattr(state, "kv_bytes"):     # the GPU runner's sequence, as allocated
             out["kv_cache_bytes"] = state.kv_bytes()

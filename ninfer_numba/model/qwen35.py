@@ -37,7 +37,7 @@ from ninfer_numba.kernels.q8.gemm_w8a16 import gemm_w8a16
 from ninfer_numba.kernels.q8.gemv import gemv_q8
 from ninfer_numba.kernels.q8.gemv_rows import MAX_ROWS, gemv_rows_q8
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode
+from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, kvq_attention_decode, pick_partial
 from ninfer_numba.kernels.kvq.prefill import kvq_attention_prefill
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, role_seeds
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, sm_count
@@ -344,8 +344,9 @@ class Qwen35Gpu:
                            v_tab.role(v_codes, v_norms), H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
                            base=c.rope_base, eps=c.rms_eps, stream=s)
         if t == 1:
+            variant = pick_partial(self.engine.kvq_partial, k_tab.bits, v_tab.bits, st.max_seq)
             kvq_attention_decode(q[0], k_codes, k_norms, v_codes, v_norms, st.kv_len, k_tab, v_tab,
-                                 y.reshape(-1), self.kvq_ws, stream=s, proj=proj)
+                                 y.reshape(-1), self.kvq_ws, stream=s, proj=proj, variant=variant)
         else:
             kvq_attention_prefill(q, k_codes, k_norms, v_codes, v_norms, st.pos, k_tab, v_tab, proj, y,
                                   stream=s)

@@ -237,8 +237,8 @@ def test_split_run_records_say_which_gpus(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     seen = {}
 
-    def fake_ninfer(model, tests, reps, backend, kv_type, gemm, prefill_graphs, pdl, gpus):
-        seen["gpus"] = gpus
+    def fake_ninfer(model, tests, reps, backend, kv_type, gemm, prefill_graphs, pdl, gpus, kvq_partial):
+        seen["gpus"], seen["kvq_partial"] = gpus, kvq_partial
         described = {"backend": backend, "shards": ["GPU 0: layers 0-1", "GPU 0: layers 2-3"]}
         return [(t, [10.0, 12.0], dict(described), 1.5) for t in tests], described
     monkeypatch.setattr(harness, "run_ninfer", fake_ninfer)
@@ -248,7 +248,7 @@ def test_split_run_records_say_which_gpus(tiny_dir, tmp_path, monkeypatch):
     out = harness.bench_model("tiny", args, parse_tests(args.tests), "cuda", {"gpu": "NVIDIA H200", "cpu": "x"},
                               null_ceilings("test"), _fake_llama_bench(tmp_path), devices)
     recs = read_records(out)
-    assert seen["gpus"] == "0,0"
+    assert seen["gpus"] == "0,0" and seen["kvq_partial"] == "lanes"
     assert [(r["engine"], r["gpus"], r["gpu"]) for r in recs] == [
         (e, "0,0", "NVIDIA H200 (gpus 0,0)") for e in ("llama.cpp", "llama.cpp", "ninfer", "ninfer")]
     for r in recs[:2]:

@@ -137,9 +137,11 @@ def test_engine_flags_reach_the_engine_config(tiny_model, tmp_path, monkeypatch)
     monkeypatch.setattr(ninfer_numba, "LLM", spy)
     out = tmp_path / "x.npy"
     assert main(["logits", "--model", tiny_model, "--backend", "cpu", "--tokens", "1,2", "--out", str(out),
-                 "--gemm", "dp4a", "--kv-type", "f16", "--no-prefill-graphs", "--prefill-chunk", "64"]) == 0
+                 "--gemm", "dp4a", "--kv-type", "f16", "--no-prefill-graphs", "--prefill-chunk", "64",
+                 "--kvq-partial", "auto"]) == 0
     c = seen["config"]
-    assert (c.gemm, c.kv_type, c.prefill_graphs, c.prefill_chunk) == ("dp4a", "f16", False, 64)
+    assert (c.gemm, c.kv_type, c.prefill_graphs, c.prefill_chunk, c.kvq_partial) == ("dp4a", "f16", False, 64,
+                                                                                      "auto")
     r = _cli("logits", "--model", tiny_model, "--tokens", "1", "--out", str(out), "--kv-type", "q4")
     assert r.returncode == 2 and "invalid choice: 'q4'" in r.stderr
 

@@ -182,3 +182,18 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
             position.set_position(st.pos, b, stream=stream)
         err = np.abs(np.concatenate(got) - want).max() / np.abs(want).max()
         assert err < 2e-3, err            # measured 2.5e-4 (f16 rows and float32 sums against float64)
+
+
+def test_the_decode_partial_is_picked_by_capacity_and_bits():
+    """EngineConfig.kvq_partial: lanes or tokens as asked; auto takes the token-lane partial from
+    TOKENS_FROM tokens of capacity where it decodes the bits (3 and 4), else lanes; tokens with q8 is
+    refused when the engine is configured."""
+    from ninfer_numba.config import EngineConfig
+    from ninfer_numba.kernels.kvq.decode import TOKENS_FROM, pick_partial
+    assert pick_partial("lanes", 3, 3, 1 << 20) == "lanes" and pick_partial("tokens", 3, 3, 16) == "tokens"
+    assert pick_partial("auto", 3, 3, TOKENS_FROM) == "tokens" and pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
+    assert pick_partial("auto", 8, 8, 1 << 20) == "lanes"
+    with pytest.raises(ValueError, match="token-lane"):
+        EngineConfig(kv_type="q8", kvq_partial="tokens")
+    with pytest.raises(ValueError, match="kvq_partial"):
+        EngineConfig(kvq_partial="fast")

@@ -53,6 +53,9 @@ from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32
 
+# EngineConfig.kvq_partial "auto": the token-lane partial from this capacity on (H200, 9B, bench_attn
+# session 19: tokens 32.5 / 50.2 µs at 8K / 32K against lanes 28.4 / 61.2), 3 and 4 bits only
+TOKENS_FROM = 16384
 NW = 4                      # warps per partial block
 TPB = 32 * NW
 NEG_INF = float32(-np.inf)
@@ -394,6 +397,14 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
         combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
                                                           ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
                                                           proj if gated else ws.no_gate, out.reshape(1, out.size))
+
+
+def pick_partial(choice: str, k_bits: int, v_bits: int, capacity: int) -> str:
+    """The partial kvq_attention_decode runs for EngineConfig.kvq_partial ``choice`` on a cache of
+    ``capacity`` tokens: "auto" takes tokens from TOKENS_FROM on where it decodes the bits, else lanes."""
+    if choice != "auto":
+        return choice
+    return "tokens" if capacity >= TOKENS_FROM and max(k_bits, v_bits) <= 4 else "lanes"
 
 
 def _words(codes):
