@@ -85,11 +85,10 @@ class SequenceState:
                 else:
                     made[key] = rng.standard_normal(shape).astype(np.float16)
             return made[key]
-        for i in self.attention_layers:
-            for a in self.kvq.get(i) or (self.k_cache[i], self.v_cache[i]):
-                for h in range(a.shape[0]):
-                    if n:
-                        a[h, :n].copy_to_device(block(a), stream=stream)
+        arrays = [a for i in self.attention_layers for a in self.kvq.get(i) or (self.k_cache[i], self.v_cache[i])]
+        for a in arrays if n else ():
+            for h in range(a.shape[0]):
+                a[h, :n].copy_to_device(block(a), stream=stream)
         position.set_position(self.pos, n, stream=stream)
         self.host_pos = n
 

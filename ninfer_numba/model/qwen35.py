@@ -317,15 +317,14 @@ class Qwen35Gpu:
         rows, q_all = self._rows_step, b.queries(t)
         for st, r0, n in parts:
             q, pj, yj = (b.part(a, r0, n, t) for a in (q_all, proj, y))
-            if L.index in st.kvq:
-                self._coded_attention(L, n, st, q, pj, yj)
-                continue
-            qk_norm_rope_store(pj, L.small["q_norm"], L.small["k_norm"], st.pos, q, st.k_cache[L.index],
-                               st.v_cache[L.index], H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
-                               base=c.rope_base, eps=c.rms_eps, slots=st.slots if rows else None, stream=s)
+            qk_norm_rope_store(pj, L.small["q_norm"], L.small["k_norm"], st.pos, q, *self._kv_targets(L.index, st),
+                               H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot, base=c.rope_base, eps=c.rms_eps,
+                               slots=st.slots if rows else None, stream=s)
             if rows:
                 attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, pj, yj, st.attn_ws,
                                  kv_heads=c.n_head_kv, stream=s)
+            elif L.index in st.kvq:
+                self._coded_attention(L.index, n, st, q, pj, yj)
             elif n == 1:
                 attention_decode(q, st.k_cache[L.index], st.v_cache[L.index], st.kv_len, pj, yj.reshape(-1),
                                  self.attn_ws, stream=s)
@@ -333,16 +332,22 @@ class Qwen35Gpu:
                 self.prefill_attention(q, st.k_cache[L.index], st.v_cache[L.index], st.pos, pj, yj, stream=s)
         return y
 
-    def _coded_attention(self, L, t, st, q, proj, y):
-        """Attention over a coded cache (kernels/kvq): QK-norm + RoPE code the t new keys and values at their
-        positions; then decode attends in the rotated domain, a prefill with the tensor-core kernel that
-        decodes the codes tile by tile (both read codes only)."""
-        c, s, i = self.c, self.stream, L.index
+    def _kv_targets(self, i: int, st) -> tuple:
+        """Where QK-norm + RoPE put layer i's new keys and values: its float16 caches, or a coded cache's
+        roles (the rope kernel then codes them itself)."""
+        if i not in st.kvq:
+            return st.k_cache[i], st.v_cache[i]
         k_codes, k_norms, v_codes, v_norms = st.kvq[i]
         k_tab, v_tab = self.kvq_tables[i]
-        qk_norm_rope_store(proj, L.small["q_norm"], L.small["k_norm"], st.pos, q, k_tab.role(k_codes, k_norms),
-                           v_tab.role(v_codes, v_norms), H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
-                           base=c.rope_base, eps=c.rms_eps, stream=s)
+        return k_tab.role(k_codes, k_norms), v_tab.role(v_codes, v_norms)
+
+    def _coded_attention(self, i, t, st, q, proj, y):
+        """Attention over a coded cache (kernels/kvq), its t new rows coded already (_kv_targets): decode in
+        the rotated domain, a prefill with the tensor-core kernel that decodes the codes tile by tile (both
+        read codes only)."""
+        s = self.stream
+        k_codes, k_norms, v_codes, v_norms = st.kvq[i]
+        k_tab, v_tab = self.kvq_tables[i]
         if t == 1:
             variant = pick_partial(self.engine.kvq_partial, k_tab.bits, v_tab.bits, st.max_seq)
             kvq_attention_decode(q[0], k_codes, k_norms, v_codes, v_norms, st.kv_len, k_tab, v_tab,

@@ -146,12 +146,13 @@ def test_fill_random_sets_the_depth_and_the_rows_below_it(tiny_model, kv_type):
 @pytest.mark.cudasim
 @pytest.mark.parametrize("kv_type", ["k3v3", "q8"])
 def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
-    """The GPU model's attention layer over a coded cache (model/qwen35.py _coded_attention: QK-norm + RoPE
-    coding the new rows at their positions, a 4-token prefill over the codes, then a decode step, both in
-    the rotated domain) against attn_mixer_ref with the same coding, on the GPU model tests'
-    shapes."""
+    """The GPU model's attention layer over a coded cache (model/qwen35.py: QK-norm + RoPE into _kv_targets,
+    coding the new rows at their positions; then _coded_attention: a 4-token prefill over the codes, then a
+    decode step, both in the rotated domain) against attn_mixer_ref with the same coding, on the GPU model
+    tests' shapes."""
     from ninfer_numba.kernels import position
     from ninfer_numba.kernels.flash_attn.ref import attn_mixer_ref
+    from ninfer_numba.kernels.flash_attn.rope import qk_norm_rope_store
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
     from tests.model.test_gpu_model import tiny_gpu_model
     if not SIMULATOR:
@@ -176,8 +177,11 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
             t = b - a
             position.set_kv_len(st.pos, st.kv_len, t, stream=stream)
             proj, q = cuda.to_device(proj_all[a:b]), model.buf.q[:t]
+            qk_norm_rope_store(proj, layer.small["q_norm"], layer.small["k_norm"], st.pos, q,
+                               *model._kv_targets(i, st), H=c.n_head, Hkv=c.n_head_kv, n_rot=c.n_rot,
+                               base=c.rope_base, eps=c.rms_eps, stream=stream)
             y = cuda.to_device(np.zeros((t, c.n_head * c.head_dim), np.float32))
-            model._coded_attention(layer, t, st, q, proj, y)
+            model._coded_attention(i, t, st, q, proj, y)
             got.append(y.copy_to_host())
             position.set_position(st.pos, b, stream=stream)
         err = np.abs(np.concatenate(got) - want).max() / np.abs(want).max()

@@ -352,8 +352,14 @@ def launch_prefill_mma(q, k_cache, v_cache, pos0_buf, proj, out, *, stream=0, n_
                          f"(d % 16 == 0, 16 <= d <= {MAX_D}, H % Hkv == 0)")
     if T == 0:
         return
-    kernel = _prefill_mma_kernel(H, Hkv, D, n_warps)
+    launch_kernel(Hkv, n_warps, None, (q, k_cache, v_cache, pos0_buf, proj, out), stream)
+
+
+def launch_kernel(Hkv: int, n_warps: int, cache: tuple | None, args: tuple, stream) -> None:
+    """The kernel of this cache variant (_prefill_mma_kernel's ``cache``) on args (q first), its dynamic
+    shared memory allowed."""
+    T, H, D = args[0].shape
+    kernel = _prefill_mma_kernel(H, Hkv, D, n_warps, cache)
     nbytes = smem_bytes(D, n_warps)
-    args = (q, k_cache, v_cache, pos0_buf, proj, out)
     allow_dynamic_smem(kernel, args, nbytes)
     kernel[launch_grid(T, H, n_warps), 32 * n_warps, stream, nbytes](*args)

@@ -63,17 +63,14 @@ def _coded_store_hooks(D: int, k_bits: int, v_bits: int):
     def store(cache, sh, head, row, i, x):
         put_coordinate(sh, cache[2], i, x)
 
-    @cuda.jit(device=True, inline=True)
-    def finish_k(cache, sh, head, row, tid):
-        cuda.syncthreads()
-        code_k(sh, cache[3], cache[0], cache[1], head, row, tid, NORM_TPB)
+    def finisher(code_row):
+        @cuda.jit(device=True, inline=True)
+        def finish(cache, sh, head, row, tid):
+            cuda.syncthreads()
+            code_row(sh, cache[3], cache[0], cache[1], head, row, tid, NORM_TPB)
+        return finish
 
-    @cuda.jit(device=True, inline=True)
-    def finish_v(cache, sh, head, row, tid):
-        cuda.syncthreads()
-        code_v(sh, cache[3], cache[0], cache[1], head, row, tid, NORM_TPB)
-
-    return scratch, rows, store, finish_k, finish_v
+    return scratch, rows, store, finisher(code_k), finisher(code_v)
 
 
 @lru_cache(maxsize=None)

@@ -103,13 +103,18 @@ def row_coder(d: int, bits: int):
 
 
 @cuda.jit(device=True, inline=True)
-def put_coordinate(sh, signs, i, x):
-    """Coordinate i of a vector to code: x rounded to float16 (what an f16 cache would hold), times the
-    sign, and its square."""
+def put_exact(sh, signs, i, x):
+    """Coordinate i of a vector to code (step 1 of the module docstring): x times the sign, and its square."""
     s_y, s_ss, _ = sh
+    s_y[i] = x * signs[i]
+    s_ss[i] = float64(x) * float64(x)
+
+
+@cuda.jit(device=True, inline=True)
+def put_coordinate(sh, signs, i, x):
+    """put_exact of x rounded to float16 (what an f16 cache would hold)."""
     xv, _ = h2_to_f32(pack_f16x2(x, float32(0.0)) & uint32(0xFFFF))
-    s_y[i] = xv * signs[i]
-    s_ss[i] = float64(xv) * float64(xv)
+    put_exact(sh, signs, i, xv)
 
 
 @lru_cache(maxsize=None)
@@ -124,10 +129,7 @@ def _append_kernel(d: int, bits: int):
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y
         i = cuda.threadIdx.x
-        s_y, s_ss, _ = sh
-        xv = x[t, h, i]
-        s_y[i] = xv * signs[i]
-        s_ss[i] = float64(xv) * float64(xv)
+        put_exact(sh, signs, i, x[t, h, i])
         cuda.syncthreads()
         code_row(sh, thresholds, codes, norms, h, pos[0] + t, i, d)
 

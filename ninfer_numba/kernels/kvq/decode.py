@@ -1,5 +1,5 @@
-"""Decode attention over the coded KV cache (3, 4 or 8 bits), in the rotated domain (kvq/ref.py's attention_rotated_ref for
-one query token): no cached vector is ever rotated back.
+"""Decode attention over the coded KV cache (3, 4 or 8 bits), in the rotated domain (kvq/ref.py's
+attention_rotated_ref for one query token): no cached vector is ever rotated back.
 
 Split-K over the cached tokens, two kernels on one stream:
   partial  grid (n_splits, Hkv), NW warps: one block serves the G query heads of its KV head, so each coded
@@ -12,8 +12,8 @@ Split-K over the cached tokens, two kernels on one stream:
              loads    per token the one or two words holding my group, straight from global memory into
                       registers (a warp's load of one row is 96 or 128 contiguous bytes); no shared staging
              scores   per token and head, my 8 coordinates' share of q_rot · level[c] (levels from an 8-,
-                      16- or 256-entry table in shared memory); the 32 lanes' shares are summed by a butterfly that
-                      scatters the CH tokens over the lanes (log2 CH halving steps, then plain steps), so
+                      16- or 256-entry table in shared memory); the 32 lanes' shares are summed by a butterfly
+                      that scatters the CH tokens over the lanes (log2 CH halving steps, then plain steps), so
                       lane l ends with the G full scores of token l >> (5 - log2 CH) at ~1 shuffle per score
              softmax  per head, online across the warp's chunks (max and sum by shuffles over the token
                       bits of the lane; the accumulator is rescaled only when the maximum grows)

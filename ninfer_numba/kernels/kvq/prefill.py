@@ -27,12 +27,10 @@ from functools import lru_cache
 
 from numba import float32, uint32
 
-from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.flash_attn.decode import h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
-from ninfer_numba.kernels.flash_attn.prefill_mma import (BK, MAX_D, N_WARPS, TileShape, _prefill_mma_kernel,
-                                                        gated_finish, launch_grid, smem_bytes, supports_shape,
-                                                        zero_words)
+from ninfer_numba.kernels.flash_attn.prefill_mma import (BK, MAX_D, N_WARPS, TileShape, gated_finish,
+                                                        launch_kernel, supports_shape, zero_words)
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import cuda
@@ -172,9 +170,5 @@ def kvq_attention_prefill(q, k_codes, k_norms, v_codes, v_norms, pos0_buf, k_tab
     if T == 0:
         return
     rotate_rows(q, k_tab, stream=stream)
-    kernel = _prefill_mma_kernel(H, Hkv, D, n_warps, (k_tab.bits, v_tab.bits))
-    nbytes = smem_bytes(D, n_warps)
-    args = (q, (k_codes, k_norms, k_tab.levels), (v_codes, v_norms, v_tab.levels, v_tab.signs), pos0_buf,
-            proj, out)
-    allow_dynamic_smem(kernel, args, nbytes)
-    kernel[launch_grid(T, H, n_warps), 32 * n_warps, stream, nbytes](*args)
+    launch_kernel(Hkv, n_warps, (k_tab.bits, v_tab.bits), (q, (k_codes, k_norms, k_tab.levels),
+                  (v_codes, v_norms, v_tab.levels, v_tab.signs), pos0_buf, proj, out), stream)
