@@ -31,7 +31,7 @@ from benchmarks.ceilings import ModelCost, measure_ceilings, null_ceilings, roof
 from benchmarks.records import (RECORDS_FILE, BenchTest, best_ubatch, llama_record,
                                 ninfer_record, parse_tests, read_llama_bench_jsonl, run_folder_name,
                                 write_records)
-from ninfer_numba.config import KV_CACHE_TYPES
+from ninfer_numba.config import KV_CACHE_TYPES, KVQ_PARTIALS
 
 GPU_TESTS = "pp512,pp2048,pp8192,pp32768,tg128,tg128@d8192,tg128@d32768"
 CPU_TESTS = "pp128,pp512,tg16"
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                         help="our KV cache type (llama.cpp runs --llamacpp-kv-type, f16 unless given)")
-    parser.add_argument("--kvq-partial", default="lanes", choices=["lanes", "tokens", "auto"],
+    parser.add_argument("--kvq-partial", default="lanes", choices=KVQ_PARTIALS,
                         help="our coded cache's decode partial (EngineConfig.kvq_partial)")
     parser.add_argument("--llamacpp-kv-type", choices=LLAMACPP_CACHE_CHOICES, default=None,
                         help="llama.cpp's -ctk/-ctv (default: ours where it has it, else f16)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer_numba.config import KV_CACHE_TYPES, BackendUnavailableError, ModelFormatError
+from ninfer_numba.config import KV_CACHE_TYPES, KVQ_PARTIALS, BackendUnavailableError, ModelFormatError
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                    help="KV cache format: f16, or keys/values in 3 or 4 bits after a Hadamard rotation "
                         "(kernels/kvq)")
-    p.add_argument("--kvq-partial", default="lanes", choices=["lanes", "tokens", "auto"],
+    p.add_argument("--kvq-partial", default="lanes", choices=KVQ_PARTIALS,
                    help="a coded cache's decode partial: lanes owning code groups, a lane per key token, or "
                         "auto (tokens from 16,384 tokens of capacity, 3/4 bits)")
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=1024,

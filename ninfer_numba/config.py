@@ -177,6 +177,7 @@ def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
 
 
 KV_CACHE_TYPES = ("f16", *KV_TYPES)     # f16 and the coded caches of kernels/kvq (k3v3, k4v3, k4v4, q8)
+KVQ_PARTIALS = ("lanes", "tokens", "auto")   # a coded cache's decode partials (kvq/decode.py pick_partial)
 MAX_TOP_LOGPROBS = 20                # alternatives per token (OpenAI's top_logprobs limit)
 
 
@@ -261,7 +262,7 @@ class EngineConfig:
             parse_gpus(self.gpus)                # a bad list fails here, before any weight is read
         if self.kv_type not in KV_CACHE_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_CACHE_TYPES)}, not {self.kv_type!r}")
-        if self.kvq_partial not in ("lanes", "tokens", "auto"):
-            raise ValueError(f"kvq_partial must be lanes, tokens or auto, not {self.kvq_partial!r}")
+        if self.kvq_partial not in KVQ_PARTIALS:
+            raise ValueError(f"kvq_partial must be one of {', '.join(KVQ_PARTIALS)}, not {self.kvq_partial!r}")
         if self.kvq_partial == "tokens" and self.kv_type == "q8":
             raise ValueError("the token-lane decode partial decodes 3- and 4-bit codes: q8 takes lanes or auto")

@@ -100,8 +100,9 @@ def main(argv=None) -> int:
     gb = lambda b: "n/a" if b is None else f"{b / 1e9:.2f} GB"       # noqa: E731
     filled = f" ({a.fill:,} of them filled at random)" if a.fill else ""
     print(f"{a.model}: kv {a.kv_type} at {a.depth:,} tokens{filled}: cache {gb(report['kv_cache_bytes'])} "
-          f"(formula {gb(formula)}); device memory in use {gb(report['device_memory_used_bytes'])}; prefill of {len(ids):,} tokens "
-          f"{report['prefill_tps']:,.0f} t/s; decode {report['decode_tps_median']:.1f} t/s (median of {a.reps})")
+          f"(formula {gb(formula)}); device memory in use {gb(report['device_memory_used_bytes'])}; prefill of "
+          f"{len(ids):,} tokens {report['prefill_tps']:,.0f} t/s; decode {report['decode_tps_median']:.1f} t/s "
+          f"(median of {a.reps})")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
