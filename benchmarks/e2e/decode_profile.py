@@ -2,6 +2,7 @@
 passed at copy bandwidth, next to the step's own time (the decode issue's first table).
 
     python -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf [--depth 0] [--out profile.json]
+        [--kv-type k3v3] [--kvq-partial lanes|tokens|auto]
 
 The launches of one eager decode step (the graph's forward and argmax) are recorded by wrapping numba's
 launch call (kernel, grid, block, dynamic shared memory, arguments). Each is then replayed alone from a CUDA
@@ -21,6 +22,8 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+
+from ninfer_numba.config import KV_CACHE_TYPES, KVQ_PARTIALS
 
 
 def record_launches(enqueue, stream) -> list[tuple]:
@@ -86,22 +89,28 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=0, help="tokens in the cache before the step")
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--no-pdl", action="store_true", help="decode graphs without programmatic launches")
+    ap.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES, help="the KV cache's type")
+    ap.add_argument("--kvq-partial", default=None, choices=KVQ_PARTIALS,
+                    help="a coded cache's decode partial (EngineConfig's default unless given)")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
-    llm = LLM(a.model, backend="cuda", max_seq=a.depth + 4096, prefix_cache_mb=0, pdl=not a.no_pdl)
+    extra = {} if a.kvq_partial is None else {"kvq_partial": a.kvq_partial}
+    llm = LLM(a.model, backend="cuda", max_seq=a.depth + 4096, prefix_cache_mb=0, pdl=not a.no_pdl,
+              kv_type=a.kv_type, **extra)
     step_ms = 1e3 * llm.bench_decode(64, a.depth) / 64
     copy = copy_gbps()
     runner = llm.runner
     launches = record_step(runner)
     rows = kernel_rows(launches)
     total = sum(r["us"] for r in rows)
-    print(f"decode step at depth {a.depth}: {step_ms * 1e3:.1f} us per token (graph replay + token read); "
+    print(f"kv {a.kv_type}{'' if a.kvq_partial is None else ' (' + a.kvq_partial + ' partial)'}: "
+          f"decode step at depth {a.depth}: {step_ms * 1e3:.1f} us per token (graph replay + token read); "
           f"{len(launches)} kernels, {total:.1f} us summed alone; gap {step_ms * 1e3 - total:.1f} us; copy "
           f"{copy:,.0f} GB/s")
     print_kernel_rows(rows, copy)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"model": a.model, "depth": a.depth, "step_us": step_ms * 1e3, "kernels_us": total,
+            json.dump({"model": a.model, "depth": a.depth, "kv_type": a.kv_type, "kvq_partial": a.kvq_partial, "step_us": step_ms * 1e3, "kernels_us": total,
                        "copy_gbps": copy, "rows": rows,
                        "median_us_per_launch": statistics.median([r["us"] / r["launches"] for r in rows])},
                       f, indent=1)

@@ -127,8 +127,9 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
     from numba import types
 
     from ninfer_numba.kernels.kvq import decode, decode_tokens
-    monkeypatch.setattr(dispatcher_mod, "get_current_device",
-                        lambda: pytypes.SimpleNamespace(compute_capability=(9, 0)))
+    sm90 = pytypes.SimpleNamespace(compute_capability=(9, 0))
+    monkeypatch.setattr(dispatcher_mod, "get_current_device", lambda: sm90)
+    monkeypatch.setattr(cuda, "get_current_device", lambda: sm90)     # the PDL instructions ask it (ptx.py)
     monkeypatch.setattr(nvrtc_mod.config, "FORCE_CUDA_CC", (9, 0, "a"))
     monkeypatch.setattr(nvvm_mod, "get_libdevice", lambda: LIBDEVICE)
     monkeypatch.setattr(nvvm_mod, "open_libdevice", lambda: open(LIBDEVICE, "rb").read())
@@ -142,6 +143,7 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
            arr(f32, 3), arr(f32, 3), arr(types.uint16, 1), arr(types.uint16, 1))
     ptx, _ = cuda.compile_ptx(partial.py_func, sig, cc=(9, 0, "a"), launch_bounds=(decode.TPB, 4))
     assert "ld.local" not in ptx and "st.local" not in ptx
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx   # programmatic launch
     if variant == "tokens":
         assert ptx.count("ld.shared.v4.f32") >= 32                    # a block of 128 (3 bits) or 32 codes
         assert ptx.count("fma.rn.f32") >= 4 * 32 + 8 * 4 * 4          # and the values of a 4-token batch

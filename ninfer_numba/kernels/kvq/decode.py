@@ -51,6 +51,7 @@ from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combin
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32
 
 # EngineConfig.kvq_partial "auto": the token-lane partial from this capacity on (H200, 9B, bench_attn
@@ -236,11 +237,13 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         return cuda.jit(device=True, inline=True)(group)
     k_group, v_group = role_group(k_bits, WK), role_group(v_bits, WV)
 
-    @cached_jit(**occupancy)
+    @cached_jit(pdl=True, **occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
                 part_ml, k_flat, v_flat):
         # k_words [Hkv·max_seq·WK], v_words [Hkv·max_seq·WV] uint32 (flat views of the coded caches);
         # k_flat, v_flat [Hkv·max_seq] uint16: the norms flat (k_norms gives max_seq)
+        griddep_wait()                                    # kernels/pdl.py: before any global access
+        griddep_launch_dependents()                       # the combine may be scheduled; it waits for us
         smem = cuda.shared.array(0, float32)
         # the codebooks (keys at 0, values at LV) in a static array: its address is a link-time constant,
         # so a code's table load is one LDS with an immediate offset (the dynamic array's base is a register)

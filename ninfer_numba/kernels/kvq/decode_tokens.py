@@ -37,6 +37,7 @@ from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combin
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, raise_max, rotate_query, split_tail
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32, syncwarp
 from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
 
@@ -223,9 +224,11 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         for t in range(VB):       # uint32(...) everywhere: numba widens uint32 sums to 64 bits
             nb[t] = value_bits(v_words, uint32(min(uint32(r_first + uint32(t)), last)), wa, wb, vsh, grp)
 
-    @cached_jit(**occupancy)
+    @cached_jit(pdl=True, **occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
                 part_ml, k_flat, v_flat):
+        griddep_wait()                                    # kernels/pdl.py: before any global access
+        griddep_launch_dependents()                       # the combine may be scheduled; it waits for us
         smem = cuda.shared.array(0, float32, alignment=16)
         # the codebooks, 64-byte aligned, so a code's byte offset ORs into the base (one LOP3 with the mask)
         s_lvl = cuda.shared.array(16, float32, alignment=64)
