@@ -19,7 +19,8 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   ``ldmatrix_x4_trans(smem, i)``: the same rows, each 8x8 b16 matrix transposed (lane (g, t) receives the
   pair M[2t, g], M[2t+1, g]).
 - ``i32_as_f32(i)``: reinterpret the bits of an int32 as float32 (no conversion instruction).
-- ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``: butterfly shuffle over the full warp;
+- ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``, ``shfl_xor_f64(v, lane_mask)``: butterfly
+  shuffle over the full warp (f64: two 32-bit shuffles);
   ``shfl_idx_f32(v, src_lane)``: every lane receives lane src_lane's v.
 - ``syncwarp()``: ``bar.warp.sync`` over the full warp (shared-memory writes of each lane visible to all).
 - ``griddep_wait()``, ``griddep_launch_dependents()``: ``griddepcontrol.wait`` / ``.launch_dependents``
@@ -269,6 +270,10 @@ def _make_intrinsics():
         return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
 
     @cuda.jit(device=True, inline=True)
+    def shfl_xor_f64(v, lane_mask):
+        return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
+
+    @cuda.jit(device=True, inline=True)
     def shfl_idx_f32(v, src_lane):
         return cuda.shfl_sync(FULL_MASK, v, src_lane)
 
@@ -288,14 +293,14 @@ def _make_intrinsics():
         return call
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
-            syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"))
+            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
+            shfl_idx_f32, syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"))
 
 
 if SIMULATOR:
     install_simulator_patches()
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
- cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
- syncwarp, griddep_wait, griddep_launch_dependents) = (
+ cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
+ shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -231,6 +231,11 @@ def _make_fallbacks():
         return np.float32(vals[lane ^ lane_mask])
 
     @cuda.jit(device=True)
+    def shfl_xor_f64(v, lane_mask):
+        lane, vals = _warp_collective(float(v), list)
+        return np.float64(vals[lane ^ lane_mask])
+
+    @cuda.jit(device=True)
     def shfl_idx_f32(v, src_lane):
         lane, vals = _warp_collective(float(v), list)
         return np.float32(vals[src_lane])
@@ -244,8 +249,8 @@ def _make_fallbacks():
         pass
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
-            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_idx_f32,
-            syncwarp, griddep_nothing, griddep_nothing)
+            cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
+            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing)
 
 
 def install_simulator_patches():

@@ -49,8 +49,13 @@ def check_append(T: int, Hkv: int, d: int, bits: int, pos0: int, max_seq: int, r
 @pytest.mark.cudasim
 @needs_sim_or_gpu
 @pytest.mark.parametrize("bits", [3, 4, 8])
-def test_append_tiny(bits):
-    check_append(T=3, Hkv=2, d=32, bits=bits, pos0=5, max_seq=11, rng=np.random.default_rng(bits))
+@pytest.mark.parametrize("d", [8, 32, 256])
+def test_append_tiny(bits, d):
+    """d = 8: a warp with idle lanes; 32: shuffles only; 256: shuffles, then three stages across warps."""
+    if d * bits % 24 and bits == 3:
+        pytest.skip("3-bit rows are whole groups of 8 codes in 3 bytes")
+    T = 3 if d <= 32 else 1
+    check_append(T=T, Hkv=2, d=d, bits=bits, pos0=5, max_seq=11, rng=np.random.default_rng(bits))
 
 
 @pytest.mark.gpu

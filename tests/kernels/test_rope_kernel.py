@@ -106,12 +106,14 @@ def test_norm_rope_store_batched_slots():
 @pytest.mark.cudasim
 @needs_sim_or_gpu
 @pytest.mark.parametrize("k_bits,v_bits", [(3, 3), (4, 3), (8, 8)], ids=["k3v3", "k4v3", "q8"])
-def test_norm_rope_codes_a_coded_cache(k_bits, v_bits):
+@pytest.mark.parametrize("d", [32, 256])
+def test_norm_rope_codes_a_coded_cache(k_bits, v_bits, d):
     """Given a coded cache's roles, the kernel codes the keys and values it would store in float16: the same
     queries, and codes and norms equal to kvq_append's on those float16 rows (the coder is shared: every
-    code, every norm bit), at rows pos0..pos0+T-1 only."""
+    code, every norm bit, though the rope kernel's 64 threads hold d = 256 in registers, shuffles and
+    shared memory where kvq_append's 256 hold one coordinate each), at rows pos0..pos0+T-1 only."""
     from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append
-    T, H, Hkv, d, n_rot, pos0, max_seq = 3, 2, 2, 32, 16, 4, 9
+    T, H, Hkv, n_rot, pos0, max_seq = (3, 2, 2, 16, 4, 9) if d == 32 else (1, 1, 1, 64, 4, 6)
     rng = np.random.default_rng(8)
     proj = cuda.to_device((rng.standard_normal((T, 2 * d * H + 2 * d * Hkv)) * 2).astype(np.float32))
     qw, kw = [cuda.to_device((1 + 0.2 * rng.standard_normal(d)).astype(np.float32)) for _ in range(2)]
@@ -134,6 +136,6 @@ def test_norm_rope_codes_a_coded_cache(k_bits, v_bits):
         np.testing.assert_array_equal(norms.copy_to_host(), want[1].copy_to_host())
         assert (codes.copy_to_host()[:, pos0:pos0 + T] != 0xAB).any()
     with pytest.raises(ValueError, match="one sequence"):
-        qk_norm_rope_store(proj, qw, kw, cuda.to_device(np.array([0, 1, 2], np.int32)), q[1],
+        qk_norm_rope_store(proj, qw, kw, cuda.to_device(np.arange(T, dtype=np.int32)), q[1],
                            *(tab.role(*c) for tab, c in zip(tables, coded)),
-                           slots=cuda.to_device(np.array([0, 1, 2], np.int32)), **rope)
+                           slots=cuda.to_device(np.arange(T, dtype=np.int32)), **rope)

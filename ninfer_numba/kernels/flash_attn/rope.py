@@ -49,11 +49,12 @@ def _f16_store_hooks():
 
 
 def _coded_store_hooks(D: int, k_bits: int, v_bits: int):
-    """The same for a coded cache (roles' tuples): elements gathered in shared memory, then the row coded
-    by the block (a barrier first: finish_* is reached by the whole block)."""
+    """The same for a coded cache (roles' tuples): each thread puts its own elements (tid + NORM_TPB·c) in
+    shared memory, then the block codes the row from them (row_coder: no barrier needed before; finish_*
+    is reached by the whole block)."""
     from ninfer_numba.kernels.kvq.append import put_coordinate, row_coder
-    scratch, code_k = row_coder(D, k_bits)
-    _, code_v = row_coder(D, v_bits)
+    scratch, code_k = row_coder(D, k_bits, NORM_TPB)
+    _, code_v = row_coder(D, v_bits, NORM_TPB)
 
     @cuda.jit(device=True, inline=True)
     def rows(cache):
@@ -66,8 +67,7 @@ def _coded_store_hooks(D: int, k_bits: int, v_bits: int):
     def finisher(code_row):
         @cuda.jit(device=True, inline=True)
         def finish(cache, sh, head, row, tid):
-            cuda.syncthreads()
-            code_row(sh, cache[3], cache[0], cache[1], head, row, tid, NORM_TPB)
+            code_row(sh, cache[3], cache[0], cache[1], head, row, tid)
         return finish
 
     return scratch, rows, store, finisher(code_k), finisher(code_v)
