@@ -177,7 +177,7 @@ def _check_rope_scaling(kv: Mapping[str, Any], p: str) -> None:
 
 
 KV_CACHE_TYPES = ("f16", *KV_TYPES)     # f16 and the coded caches of kernels/kvq (k3v3, k4v3, k4v4, q8)
-KVQ_PARTIALS = ("lanes", "tokens", "auto")   # a coded cache's decode partials (kvq/decode.py pick_partial)
+KVQ_PARTIALS = ("lanes", "tokens", "mma", "auto")   # a coded cache's decode partials (kvq/decode.py pick_partial)
 MAX_TOP_LOGPROBS = 20                # alternatives per token (OpenAI's top_logprobs limit)
 
 
@@ -235,7 +235,7 @@ class EngineConfig:
     max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
     prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
     kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 / q8 (kernels/kvq)
-    kvq_partial: str = "lanes"     # a coded cache's decode partial: lanes | tokens | auto (kvq/decode.py)
+    kvq_partial: str = "lanes"     # a coded cache's decode partial: lanes | tokens | mma | auto (kvq/decode.py)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
     pdl: bool = True               # decode-step kernels launched programmatically on sm_90+ (kernels/pdl.py)
@@ -264,5 +264,6 @@ class EngineConfig:
             raise ValueError(f"kv_type must be one of {', '.join(KV_CACHE_TYPES)}, not {self.kv_type!r}")
         if self.kvq_partial not in KVQ_PARTIALS:
             raise ValueError(f"kvq_partial must be one of {', '.join(KVQ_PARTIALS)}, not {self.kvq_partial!r}")
-        if self.kvq_partial == "tokens" and self.kv_type == "q8":
-            raise ValueError("the token-lane decode partial decodes 3- and 4-bit codes: q8 takes lanes or auto")
+        if self.kvq_partial in ("tokens", "mma") and self.kv_type == "q8":
+            raise ValueError(f"the {self.kvq_partial} decode partial decodes 3- and 4-bit codes: q8 takes lanes "
+                             "or auto")

@@ -50,11 +50,10 @@
 #   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
 #               concurrency (STREAMS, default 1,16) with --no-pack-prompts and without, and prefix_gate (9B with
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
-#   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, decode, prefill, the model), bench_attn's
-#               f16 and coded-cache decode rows (both partials) and prefill rows (2K, 8K), each type's logits
-#               against f16 on the 9b (benchmarks.e2e.kv_logits, 512 + 64), then our decode at depth 32K
-#               with f16, k3v3, and k3v3 through the token-lane partial (--kvq-partial tokens), in what is
-#               left of DEADLINE (570) s
+#   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, the three decode partials, the model),
+#               bench_attn's f16 and coded-cache decode rows (lanes, tokens, mma), our decode at depth 32K
+#               with f16, k3v3 (lanes), k3v3 with --kvq-partial tokens and mma, then decode_profile of k3v3
+#               at 32K with the lanes and mma partials, in what is left of DEADLINE (570) s
 #   STAGE=kv_llamacpp: llama.cpp built and the 9b file, then the decode at depth 32K of ours with k3v3 beside
 #               llama.cpp's q8_0 cache, and ours with f16 beside its q4_0 (issue 14's speed gate; records in
 #               $OUT/kv_llamacpp.tgz), in what is left of DEADLINE (570) s
@@ -334,21 +333,26 @@ kvq_variants)
   left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  gpu_tests 120 4 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
-    tests/kernels/test_kvq_prefill.py tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
-  timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq,kvq_prefill \
-    --prefill-lengths 2048,8192 --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
-  say "bench_attn decode and prefill (exit $?):"; grep -E "decode|prefill" "$OUT/logs/bench_attn.log"
+  gpu_tests 150 6 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
+  timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
+    --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   wait $gen
-  timeout $(( $(left) < 150 ? $(left) : 150 )) python3 -m benchmarks.e2e.kv_logits --model models/q35-9b.gguf \
-    --out "$OUT/kv_logits.json" > "$OUT/logs/kv_logits.log" 2>&1
-  say "coded caches' logits against f16, 9b, 512 + 64 (exit $?):"; grep -E "rel" "$OUT/logs/kv_logits.log"
   kv_decode_bench f16 k3v3
-  timeout $(( $(left) < 100 ? $(left) : 100 )) make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b \
-    --tests tg128@d32768 --kv-type k3v3 --kvq-partial tokens --skip-llamacpp --out $OUT/kv_k3v3_tokens" \
-    > "$OUT/logs/bench_kv_k3v3_tokens.log" 2>&1
-  say "decode, ours k3v3 with the token-lane partial (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_k3v3_tokens.log"
-  ( cd "$OUT" && tar czf kv_tokens.tgz kv_k3v3_tokens && rm -rf kv_k3v3_tokens )
+  for partial in tokens mma; do
+    timeout $(( $(left) < 60 ? $(left) : 60 )) make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b \
+      --tests tg128@d32768 --kv-type k3v3 --kvq-partial $partial --skip-llamacpp --out $OUT/kv_k3v3_$partial" \
+      > "$OUT/logs/bench_kv_k3v3_$partial.log" 2>&1
+    say "decode, ours k3v3 with the $partial partial (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_k3v3_$partial.log"
+  done
+  ( cd "$OUT" && tar czf kv_partials.tgz kv_k3v3_tokens kv_k3v3_mma && rm -rf kv_k3v3_tokens kv_k3v3_mma )
+  for partial in lanes mma; do
+    timeout $(( $(left) < 80 ? $(left) : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \
+      --depth 32768 --kv-type k3v3 --kvq-partial $partial --out "$OUT/profile_k3v3_$partial.json" \
+      > "$OUT/logs/profile_k3v3_$partial.log" 2>&1
+    say "decode profile k3v3 ($partial) at 32K (exit $?):"; grep -v "^WARNING" "$OUT/logs/profile_k3v3_$partial.log" | head -12
+  done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kv_llamacpp)

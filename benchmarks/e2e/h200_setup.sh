@@ -14,6 +14,11 @@ gpu_tests() {
   grep -E "^(FAILED|ERROR|E  )" "$log" | cut -c1-300 | head -10
 }
 make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
+# a warm machine keeps models/ between calls on a 64 GB disk (a 27B file is 28.6 GB): the oldest model files
+# go while less than FREE_GB (default 32) GB is free
+while [ "$(df -BG --output=avail . | tail -1 | tr -dc 0-9)" -lt "${FREE_GB:-32}" ] && ls models/*.gguf > /dev/null 2>&1; do
+  say "disk: removing $(ls -tr models/*.gguf | head -1)"; rm -f "$(ls -tr models/*.gguf | head -1)"
+done
 say "setup done"
 # llama.cpp's build (carry .cache/llama.cpp/src) and the 9b, then the 27b synthetic file, in the background:
 # $build and $gen are their pids, /tmp/ninfer_9b_ready appears once the 9b file is there; $1: the log folder

@@ -10,7 +10,8 @@ several buffer copies so the timings come from HBM. With --out, one JSON object 
 --mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks. kvq: the
 decode attention over the 3/4-bit caches (kernels/kvq/decode.py, split-K partials and their combine) on
 random codes, beside attention_decode's f16 rows above; rows kvq_decode_<type>_tokens* time the second
-partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process. kvq_prefill: the
+partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process, rows *_mma the third
+(kernels/kvq/decode_mma.py, tensor cores). kvq_prefill: the
 tensor-core prefill over coded caches (kernels/kvq/prefill.py: tiles decoded from the codes; the queries'
 rotation included) beside the float16 one (prefill_mma, 4 warps) on the same lengths.
 """
@@ -121,7 +122,7 @@ def bench_kvq_decode(H, Hkv, d, rng, kv_types=("k3v3", "k4v4")):
 
             # the whole call, then each of its two kernels alone (which of them holds the fixed cost), for
             # both partial kernels
-            for variant, tag in (("lanes", ""), ("tokens", "_tokens")):
+            for variant, tag in (("lanes", ""), ("tokens", "_tokens"), ("mma", "_mma")):
                 for part, kernels in (("", ("partial", "combine")), ("_partial", ("partial",)),
                                       ("_combine", ("combine",))):
                     name = tag + part

@@ -14,8 +14,11 @@ from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
                                       reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU")
 K_SEED, V_SEED = 11, 12
-# the two partial kernels: lanes own coordinates (decode.py), a lane per key token (decode_tokens.py)
-VARIANTS = pytest.mark.parametrize("variant", ["lanes", "tokens"])
+# the partial kernels: lanes own coordinates (decode.py), a lane per key token (decode_tokens.py), tensor
+# cores (decode_mma.py)
+VARIANTS = pytest.mark.parametrize("variant", ["lanes", "tokens", "mma"])
+# the mma partial's operands are float16 (queries, levels, weights: 2^-11 relative each), the others' float32
+ATOL = {"lanes": 2e-5, "tokens": 2e-5, "mma": 2e-3}
 
 
 def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng, variant="lanes"):
@@ -40,7 +43,8 @@ def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng, variant="
     want = ref.attention_rotated_ref(q[None], kc, kn, vc, vn, np.array([L - 1]), k_bits, v_bits, K_SEED,
                                      V_SEED)[0]
     got = out.copy_to_host()
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL[variant] * np.abs(want).max())
+    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.mark.cudasim
@@ -88,6 +92,11 @@ def test_decode_chunk_sizes(H, Hkv, L, variant):
     """The lanes' score butterfly at every chunk size: 8 tokens (G = 1: three scattering steps, the last
     chunk 5 tokens), 2 (G = 6, as the 27B: one step, then four plain ones), 1 (G = 16: plain sums only)."""
     assert [chunk_tokens(H // Hkv) for H, Hkv, _ in [(2, 2, 0), (12, 2, 0), (16, 1, 0)]] == [8, 2, 1]
+    if variant == "mma" and H // Hkv > 8:                 # the heads are the rows of one mma
+        with pytest.raises(ValueError, match="at most 8 query heads"):
+            check_decode(H=H, Hkv=Hkv, d=32, L=L, max_seq=L + 3, k_bits=3, v_bits=4, n_splits=2,
+                         rng=np.random.default_rng(0), variant=variant)
+        return
     check_decode(H=H, Hkv=Hkv, d=32, L=L, max_seq=L + 3, k_bits=3, v_bits=4, n_splits=2,
                  rng=np.random.default_rng(H * 100 + L), variant=variant)
 
@@ -113,12 +122,14 @@ LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
 @pytest.mark.skipif(SIMULATOR or gpu_available() or not os.path.exists(LIBDEVICE),
                     reason="offline PTX check: needs NVVM + libdevice and no GPU (a GPU runs the real tests)")
 @pytest.mark.parametrize("k_bits,v_bits,variant", [(3, 3, "lanes"), (4, 4, "lanes"), (8, 8, "lanes"),
-                                                    (3, 3, "tokens"), (4, 4, "tokens")])
+                                                    (3, 3, "tokens"), (4, 4, "tokens"), (3, 3, "mma"),
+                                                    (4, 3, "mma"), (4, 4, "mma")])
 def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, variant):
     """The 9B's partial compiles to sm_90a PTX without a device (reference/numba-cuda.md §7, test-only
     patches of numba internals) with no local memory: queries, scores and accumulators stay in registers
     and the codebook lookups are shared loads (tokens: the key rows' words too, and the queries come as
-    16-byte shared loads, one per key code)."""
+    16-byte shared loads, one per key code; mma: every product of a warp's tile unrolled, 8-byte or 16-byte
+    code loads)."""
     import types as pytypes
 
     import numba.cuda.cudadrv.nvrtc as nvrtc_mod
@@ -126,14 +137,15 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
     import numba.cuda.dispatcher as dispatcher_mod
     from numba import types
 
-    from ninfer_numba.kernels.kvq import decode, decode_tokens
+    from ninfer_numba.kernels.kvq import decode, decode_mma, decode_tokens
     sm90 = pytypes.SimpleNamespace(compute_capability=(9, 0))
     monkeypatch.setattr(dispatcher_mod, "get_current_device", lambda: sm90)
     monkeypatch.setattr(cuda, "get_current_device", lambda: sm90)     # the PDL instructions ask it (ptx.py)
     monkeypatch.setattr(nvrtc_mod.config, "FORCE_CUDA_CC", (9, 0, "a"))
     monkeypatch.setattr(nvvm_mod, "get_libdevice", lambda: LIBDEVICE)
     monkeypatch.setattr(nvvm_mod, "open_libdevice", lambda: open(LIBDEVICE, "rb").read())
-    partial, _ = (decode if variant == "lanes" else decode_tokens)._kernels(16, 4, 256, k_bits, v_bits, 128, True)
+    module = {"lanes": decode, "tokens": decode_tokens, "mma": decode_mma}[variant]
+    partial, _ = module._kernels(16, 4, 256, k_bits, v_bits, 128, True)
 
     def arr(dt, n):
         return types.Array(dt, n, "C")
@@ -144,6 +156,10 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
     ptx, _ = cuda.compile_ptx(partial.py_func, sig, cc=(9, 0, "a"), launch_bounds=(decode.TPB, 4))
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx   # programmatic launch
+    if variant == "mma":                # per tile, 2 × 4 key products and 8 value ones of the warp's quarter
+        assert ptx.count("mma.sync.aligned.m16n8k16") == 16
+        assert ptx.count("ld.global.nc.v2" if k_bits == 3 else "ld.global.nc.v4") >= 2
+        return
     if variant == "tokens":
         assert ptx.count("ld.shared.v4.f32") >= 32                    # a block of 128 (3 bits) or 32 codes
         assert ptx.count("fma.rn.f32") >= 4 * 32 + 8 * 4 * 4          # and the values of a 4-token batch
@@ -155,7 +171,8 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k_bits,v_bits,variant", [(3, 3, "lanes"), (4, 3, "lanes"), (4, 4, "lanes"), (8, 8, "lanes"),
-                                                    (3, 3, "tokens"), (4, 3, "tokens"), (4, 4, "tokens")])
+                                                    (3, 3, "tokens"), (4, 3, "tokens"), (4, 4, "tokens"),
+                                                    (3, 3, "mma"), (4, 3, "mma"), (4, 4, "mma")])
 def test_decode_model_shape(k_bits, v_bits, variant):
     """The 9B's attention (16 query heads, 4 KV heads, d = 256) over 3,001 cached tokens in 33 splits, and
     the 27B's (24 query heads) over 40,000 in 128."""
@@ -192,6 +209,6 @@ def test_decode_gated():
 
 def test_the_kernels_of_one_shape_are_built_once():
     """Each decode call asks for its kernels by shape: building them again would recompile every call."""
-    from ninfer_numba.kernels.kvq import decode, decode_tokens
+    from ninfer_numba.kernels.kvq import decode, decode_mma, decode_tokens
     for module in (decode, decode_tokens):
         assert module._kernels(16, 4, 256, 3, 3, 128, True) is module._kernels(16, 4, 256, 3, 3, 128, True)

@@ -189,15 +189,17 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
 
 
 def test_the_decode_partial_is_picked_by_capacity_and_bits():
-    """EngineConfig.kvq_partial: lanes or tokens as asked; auto takes the token-lane partial from
-    TOKENS_FROM tokens of capacity where it decodes the bits (3 and 4), else lanes; tokens with q8 is
-    refused when the engine is configured."""
+    """EngineConfig.kvq_partial: lanes, tokens or mma as asked; auto takes the token-lane partial from
+    TOKENS_FROM tokens of capacity where it decodes the bits (3 and 4), else lanes; tokens or mma with q8
+    is refused when the engine is configured."""
     from ninfer_numba.config import EngineConfig
     from ninfer_numba.kernels.kvq.decode import TOKENS_FROM, pick_partial
     assert pick_partial("lanes", 3, 3, 1 << 20) == "lanes" and pick_partial("tokens", 3, 3, 16) == "tokens"
     assert pick_partial("auto", 3, 3, TOKENS_FROM) == "tokens" and pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
     assert pick_partial("auto", 8, 8, 1 << 20) == "lanes"
-    with pytest.raises(ValueError, match="token-lane"):
-        EngineConfig(kv_type="q8", kvq_partial="tokens")
+    for variant in ("tokens", "mma"):
+        with pytest.raises(ValueError, match=f"the {variant} decode partial decodes 3- and 4-bit"):
+            EngineConfig(kv_type="q8", kvq_partial=variant)
+    assert pick_partial("mma", 3, 3, 16) == "mma" and EngineConfig(kv_type="k3v3", kvq_partial="mma")
     with pytest.raises(ValueError, match="kvq_partial"):
         EngineConfig(kvq_partial="fast")

@@ -126,26 +126,17 @@ def raise_max(m, lsum, acc, g, mx):
 
 
 @lru_cache(maxsize=None)
-def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
-    """The end of a partial block, the same for both partials (this one and decode_tokens.py): each warp's
-    value accumulators [G, d] (lanes < d/8 hold 8 coordinates each) and its (max, sum) per head into shared
-    memory at OFF_A and OFF_ML, merged into warp 0's rows, the split's (max, sum) written, then the values
-    rotated back by warps (warp_fwht) into part_o."""
+def split_merge(G: int, d: int, OFF_A: int, OFF_ML: int):
+    """The end of a partial block once each warp has put its value accumulators [G, d] at OFF_A + (w·G +
+    g)·d and its (max, sum) per head at OFF_ML + 2·(w·G + g) in shared memory (a barrier first): merged into
+    warp 0's rows, the split's (max, sum) written, then the values rotated back by warps (warp_fwht) into
+    part_o. Shared by every partial (decode.py, decode_tokens.py, decode_mma.py)."""
     V = d // 32                  # coordinates of a row per lane in the warp-held rotations
-    LANES = d // 8               # lanes owning a code group (8 coordinates) of every row
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
     f0 = float32(0.0)
 
     @cuda.jit(device=True, inline=True)
-    def tail(smem, acc, m, lsum, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs):
-        if lane < LANES:
-            for g in range(G):
-                for k in range(8):
-                    smem[OFF_A + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
-        if lane == 0:
-            for g in range(G):
-                smem[OFF_ML + 2 * (w * G + g)] = m[g]
-                smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
+    def merge(smem, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs):
         cuda.syncthreads()
         for e in range(tid, G * d, TPB):                  # merged into warp 0's rows: each (g, i) is this
             g = e // d                                    # thread's alone
@@ -173,6 +164,27 @@ def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
             for k in range(V):
                 i = V * lane + k
                 part_o[split, hk * G + g, i] = rot[k] * v_signs[i] * INV_SQRT_D
+    return merge
+
+
+@lru_cache(maxsize=None)
+def split_tail(G: int, d: int, OFF_A: int, OFF_ML: int):
+    """split_merge after the stores of the lanes' layout (this partial and decode_tokens.py): lane l < d/8
+    holds coordinates 8l .. 8l + 7 of every head in acc[8g + k]; every lane holds the heads' (max, sum)."""
+    LANES = d // 8               # lanes owning a code group (8 coordinates) of every row
+    merge = split_merge(G, d, OFF_A, OFF_ML)
+
+    @cuda.jit(device=True, inline=True)
+    def tail(smem, acc, m, lsum, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs):
+        if lane < LANES:
+            for g in range(G):
+                for k in range(8):
+                    smem[OFF_A + (w * G + g) * d + 8 * lane + k] = acc[8 * g + k]
+        if lane == 0:
+            for g in range(G):
+                smem[OFF_ML + 2 * (w * G + g)] = m[g]
+                smem[OFF_ML + 2 * (w * G + g) + 1] = lsum[g]
+        merge(smem, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs)
     return tail
 
 
@@ -378,14 +390,16 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     ([1, P], the layer's fused projection row) the output gate is applied and out is [H·d], as
     flash_attn.decode.attention_decode writes it. ``kernels``: which of the two to launch (the benchmark
     times each alone; the model launches both). ``variant``: "lanes" (this module's partial) or "tokens"
-    (kvq/decode_tokens.py's, a lane per key token), so one process can time both."""
-    if variant == "tokens":
-        from ninfer_numba.kernels.kvq import decode_tokens       # it imports this module's helpers
-        decode_tokens.launch(q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables, v_tables,
-                             out, ws, stream, proj, kernels)
+    (kvq/decode_tokens.py's, a lane per key token) or "mma" (kvq/decode_mma.py's, on tensor cores), so one
+    process can time each."""
+    if variant in ("tokens", "mma"):
+        from ninfer_numba.kernels.kvq import decode_mma, decode_tokens     # they import this module's helpers
+        (decode_tokens if variant == "tokens" else decode_mma).launch(
+            q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables, v_tables, out, ws, stream,
+            proj, kernels)
         return
     if variant != "lanes":
-        raise ValueError(f"unknown kvq decode variant {variant!r} (lanes, tokens)")
+        raise ValueError(f"unknown kvq decode variant {variant!r} (lanes, tokens, mma)")
     H, d = q.shape
     Hkv = k_codes.shape[0]
     gated = proj is not None

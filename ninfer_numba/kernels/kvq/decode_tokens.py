@@ -62,34 +62,37 @@ def smem_words(G: int, d: int) -> tuple[int, ...]:
     return off_q, off_p, off_ml, off_a, off_a + NW * G * d
 
 
-def _make_lds_f32():
-    """``lds_f32(smem, addr)``: the float32 at 32-bit shared address ``addr`` inside the shared array smem
-    (addr = smem_u32(smem) + byte offset). numba's indexing builds a 64-bit shared address that ptxas
-    rebuilds from the CTA's window base, one more add per code; with the table 128-byte aligned the code's
-    offset is OR-ed into the base by the LOP3 that masks it, so a code costs a shift, a LOP3 and the LDS."""
+def _make_lds(u32: bool):
+    """``lds_f32(smem, addr)`` / ``lds_u32``: the float32 (uint32) at 32-bit shared address ``addr`` inside
+    the shared array smem (addr = smem_u32(smem) + byte offset). numba's indexing builds a 64-bit shared
+    address that ptxas rebuilds from the CTA's window base, one more add per code; with a table aligned to
+    its size the code's offset is OR-ed into the base by the LOP3 that masks it, so a code costs a shift, a
+    LOP3 and the LDS."""
     if SIMULATOR:
         @cuda.jit(device=True)
-        def lds_f32(smem, addr):
+        def lds(smem, addr):
             return smem[int(addr) // 4]           # the twin of smem_u32 is 0: addr is the byte offset
-        return lds_f32
+        return lds
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
+    ty, ir_ty, op = ((types.uint32, ir.IntType(32), "u32") if u32 else (types.float32, ir.FloatType(), "f32"))
 
     @intrinsic
-    def lds_f32(typingctx, smem, addr):
-        sig = types.float32(smem, addr)
+    def lds(typingctx, smem, addr):
+        sig = ty(smem, addr)
 
         def codegen(context, builder, sig, args):
             # a memory clobber keeps it after the barrier that publishes the table
-            fn = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.IntType(32)]), "ld.shared.f32 $0, [$1];",
-                              "=f,r,~{memory}", side_effect=True)
+            fn = ir.InlineAsm(ir.FunctionType(ir_ty, [ir.IntType(32)]), f"ld.shared.{op} $0, [$1];",
+                              f"={'r' if u32 else 'f'},r,~{{memory}}", side_effect=True)
             return builder.call(fn, [context.cast(builder, args[1], sig.args[1], types.uint32)])
         return sig, codegen
-    return lds_f32
+    return lds
 
 
-lds_f32 = _make_lds_f32()
+lds_f32 = _make_lds(False)
+lds_u32 = _make_lds(True)
 
 
 @lru_cache(maxsize=None)

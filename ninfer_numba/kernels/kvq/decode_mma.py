@@ -1,0 +1,300 @@
+"""Decode attention over the 3/4-bit KV cache, third partial kernel: scores and values on tensor cores.
+
+Same inputs, outputs, split-K contract, merge (decode.split_merge) and combine as kvq/decode.py (read its
+docstring first); only the partial's main loop differs. decode.py and decode_tokens.py spend ~230 and ~148
+SASS instructions per (token, KV head) on FMAs against codebook values (4 per code at G = 4) and their
+table loads; here each code becomes one half of an f16 pair and the products run as mma.m16n8k16 (fp16
+operands, fp32 accumulators: kernels/flash_attn/mma_f16.py's fragment layouts). A warp takes tiles of 16
+consecutive tokens (tiles w, w + NW, ...); lane (r, t) = (lane >> 2, lane & 3):
+
+  keys    S [16 heads × 8 tokens] = Q [16 × d] · K^T, twice per tile (tokens 0-7, 8-15), d/16 mma each. A
+          is the rotated queries, head r in row r (rows >= G zero), fixed for the block: packed once into
+          shared memory in fragment order (s_qf, one 8-byte load per k-step). B's column r is token r of
+          the half: lane (r, t) needs coordinates 16s + 2t, +1 and 16s + 8 + 2t, +1 of that token's key
+          row, i.e. one pair of adjacent codes from each 8-code group (bits 6t.. of a 24-bit group, byte t
+          of a 4-bit word), looked up as a ready f16 pair in a table of the 64 (256) code pairs.
+  softmax D leaves head r's scores of tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) in lane (r, t): the running
+          maximum and sum per head by two shuffles over t; the weights p · n_v / sqrt(d) pack straight into
+          the A fragment of the next product (FlashAttention-2's register reuse).
+  values  O [16 heads × 8 coordinates] += P [16 × 16 tokens] · V, d/8 mma per tile. B's column r is
+          coordinate 8b + r: lane (r, t) takes code r of every group b of the value rows of tokens 2t,
+          2t + 1, 8 + 2t, 9 + 2t, pairs two tokens' levels (the reduction runs over tokens) and keeps
+          O[r, 8b + 2t], +1 in registers (rows >= G of the product are padding and dropped).
+
+Per (token, KV head) at G = 4, d = 256, k3v3 this is ~30 instructions of key codes and ~35 of value codes
+(extract, table load, pack) and 4 mma, against ~148 for the token-lane partial; the tensor cores' share is
+small (4 mma × 4,096 FLOPs). 3 and 4 bits only, up to 8 query heads per KV head (rows of one mma).
+
+Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_ml [NW, G, 2] | s_a [NW, G, d]
+(dynamic), plus static s_qf [d/16, 32, 2] u32, the key pair table [256] u32 and the value levels [16] f32.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import math
+
+from numba import float32, uint32, uint64
+
+from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
+from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
+from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
+from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, rotate_query, split_merge
+from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
+from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
+from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
+from ninfer_numba.kernels.ptx import ldg_nc_v2_u32, ldg_nc_v4_u32, shfl_xor_f32
+from ninfer_numba.kernels.ptx_sm90 import smem_u32
+
+TILE = 16                   # tokens per tile: the k dimension of the values' mma
+STEP = TILE                 # a split's keys are whole tiles (every warp walks every tile)
+MAX_G = 8                   # query heads per KV head: the A rows of one mma that are not padding
+
+
+def warp_coordinates(d: int) -> int:
+    """Coordinates of the keys' reduction and of the output each warp takes: a quarter of d, at least one
+    chunk of 32 (at d < 128 the warps past d / 32 only follow the softmax)."""
+    return max(32, d // NW)
+
+
+def smem_words(G: int, d: int) -> tuple[int, ...]:
+    """(offsets of s_q, s_s, s_ml, s_a; total words) of the partial's dynamic shared memory; s_s [2, NW, 32,
+    4] holds each warp's share of a tile's scores, double-buffered (one barrier per tile)."""
+    off_q = 0
+    off_s = off_q + G * d
+    off_ml = off_s + 2 * NW * 32 * 4
+    off_a = off_ml + 2 * NW * G
+    return off_q, off_s, off_ml, off_a, off_a + NW * G * d
+
+
+@lru_cache(maxsize=None)
+def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, gated: bool = False):
+    if d % 32 or d > 256 or d & (d - 1) or H % Hkv or H // Hkv > MAX_G:
+        raise ValueError(f"unsupported kvq decode: H={H}, Hkv={Hkv}, d={d} (a power of two, 32 <= d <= 256, "
+                         f"at most {MAX_G} query heads per KV head for the mma partial)")
+    if not {k_bits, v_bits} <= {3, 4}:
+        raise ValueError(f"the mma partial decodes 3- and 4-bit codes, not k{k_bits}v{v_bits} "
+                         "(variant='lanes' decodes 8-bit ones)")
+    G = H // Hkv
+    V = d // 32                  # coordinates of a row per lane in the warp-held rotations
+    CPW = warp_coordinates(d)    # a warp's coordinates: CPW / 32 chunks of 32
+    NWD = d // CPW               # warps with coordinates
+    NCW = CPW // 32              # chunks per warp: 2 k-steps of keys, 4 output tiles of values each
+    NO = 2 * (CPW // 8)          # a lane's output registers: 2 per 8-coordinate tile
+    QA = 4 * NCW                 # a lane's query fragment registers: 2 per k-step of its warp
+    KN = 4 if k_bits == 4 else 3  # words per chunk of a key row
+    VN = 4 if v_bits == 4 else 3
+    XV = VN * NCW                # words of my chunks of one value row
+    XW = max(KN * NCW, 4 * XV)
+    # 3-bit runs as 8-byte loads: my 3·NCW words start at word 3·NCW·w of a row of 3·d/32 words
+    V2 = NCW % 2 == 0 and (3 * d // 32) % 2 == 0
+    QF = 2 * (d // 16) * 32      # s_qf words
+    WK = d * k_bits // 32        # words of a coded key row
+    WV = d * v_bits // 32
+    KPM = uint32((1 << (2 * k_bits)) - 1)
+    VMASK = uint32((1 << v_bits) - 1)
+    OFF_Q, OFF_S, OFF_ML, OFF_A, _ = smem_words(G, d)
+    INV_SQRT_D = float32(1.0 / math.sqrt(d))
+    SCORE = float32(LOG2E / d ** 1.5)
+    f0 = float32(0.0)
+    z = uint32(0)
+    merge = split_merge(G, d, OFF_A, OFF_ML)
+    occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
+
+    @device_inline
+    def funnel(lo, hi, sh):
+        """Bits sh.. of the 64-bit word hi:lo (sh < 32), as uint32 (one SHF)."""
+        return uint32(((uint64(hi) << uint64(32)) | uint64(lo)) >> uint64(sh))
+
+    @device_inline
+    def load_chunks(words, at, bits, x, o):
+        """x[o:o + NCW·n] = my warp's NCW chunks (n = 3 or 4 words each) of a row from flat word ``at``: 16-byte
+        loads at 4 bits, 8-byte ones at 3 bits where the run is whole pairs of aligned words."""
+        if bits == 4:
+            for u in range(NCW):
+                x[o + 4 * u], x[o + 4 * u + 1], x[o + 4 * u + 2], x[o + 4 * u + 3] = ldg_nc_v4_u32(
+                    words, uint32(at + uint32(4 * u)))
+        elif V2:
+            for u in range(3 * NCW // 2):
+                x[o + 2 * u], x[o + 2 * u + 1] = ldg_nc_v2_u32(words, uint32(at + uint32(2 * u)))
+        else:
+            for u in range(3 * NCW):
+                x[o + u] = words[uint32(at + uint32(u))]
+
+    @device_inline
+    def group_field(x, o, j, bits, sh):
+        """Bits sh.. (sh + a field < 24 or 32) of code group j (of 4 per chunk) of the chunk's words at
+        x[o:]: a 24-bit group is at bit 24j of the chunk's three words, a 4-bit group is word j."""
+        if bits == 4:
+            return x[o + j] >> sh
+        if j == 0:
+            return x[o] >> sh
+        if j == 1:
+            return funnel(x[o], x[o + 1], uint32(24) + sh)
+        if j == 2:
+            return funnel(x[o + 1], x[o + 2], uint32(16) + sh)
+        return x[o + 2] >> (uint32(8) + sh)
+
+    @cached_jit(pdl=True, **occupancy)
+    def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
+                part_ml, k_flat, v_flat):
+        griddep_wait()                                    # kernels/pdl.py: before any global access
+        griddep_launch_dependents()                       # the combine may be scheduled; it waits for us
+        smem = cuda.shared.array(0, float32)
+        s_qf = cuda.shared.array(QF, uint32)              # [d/16, 32, 2] the queries' A fragments (a0, a2)
+        # code pair -> (level lo, level hi) as f16x2, keys (two coordinates) and values (two tokens); aligned
+        # to their size, so a pair's byte offset ORs into the base (lds_u32)
+        s_kp = cuda.shared.array(256, uint32, alignment=1024)
+        s_vp = cuda.shared.array(256, uint32, alignment=1024)
+        kpb = smem_u32(s_kp)
+        vpb = smem_u32(s_vp)
+        split = cuda.blockIdx.x
+        hk = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        w = tid >> 5
+        lane = tid & 31
+        r = lane >> 2                                     # fragment row (head) / column (token, coordinate)
+        t = lane & 3
+        max_seq = k_norms.shape[1]
+        n_kv = kv_len[0]
+        per = split_range_len(n_kv, n_splits, STEP)
+        if split * per >= n_kv:
+            return
+        rot = cuda.local.array(V, float32)
+        for g in range(w, G, NW):                         # s_q [G, d]: the queries · signs, rotated by warps
+            rotate_query(q, hk * G + g, k_signs, rot, V, lane)
+            for k in range(V):
+                smem[OFF_Q + g * d + V * lane + k] = rot[k]
+        for i in range(tid, 1 << (2 * k_bits), TPB):
+            s_kp[i] = pack_f16x2(k_levels[i & ((1 << k_bits) - 1)], k_levels[i >> k_bits])
+        for i in range(tid, 1 << (2 * v_bits), TPB):
+            s_vp[i] = pack_f16x2(v_levels[i & ((1 << v_bits) - 1)], v_levels[i >> v_bits])
+        cuda.syncthreads()
+        for e in range(tid, d // 16 * 32, TPB):           # lane e & 31's (a0, a2) of k-step e >> 5
+            gq = (e & 31) >> 2
+            c = OFF_Q + gq * d + 16 * (e >> 5) + 2 * (e & 3)
+            s_qf[2 * e] = pack_f16x2(smem[c], smem[c + 1]) if gq < G else z
+            s_qf[2 * e + 1] = pack_f16x2(smem[c + 8], smem[c + 9]) if gq < G else z
+        cuda.syncthreads()
+        mine = w < NWD                                    # warp-uniform: I have coordinates
+        qa = cuda.local.array(QA, uint32)                 # my (a0, a2) of my warp's k-steps
+        for x in range(2 * NCW):
+            f = 2 * ((2 * w * NCW + x) * 32 + lane)
+            qa[2 * x] = s_qf[f] if mine else z
+            qa[2 * x + 1] = s_qf[f + 1] if mine else z
+        o = cuda.local.array(NO, float32)                 # O[r, 8b + 2t], +1 of my warp's output tiles b
+        for x in range(NO):
+            o[x] = f0
+        m = NEG_INF                                       # head r's running maximum (log2 domain)
+        lsum = f0                                         # and my tokens' share of its sum
+        sc = cuda.local.array(4, float32)                 # head r at tokens 2t, 2t + 1, 8 + 2t, 9 + 2t
+        vw = cuda.local.array(4, float32)
+        xw = cuda.local.array(XW, uint32)                 # my chunks' words: a key row, or 4 value rows
+        sh_k = uint32(2 * k_bits) * uint32(t)             # my code pair in a key group
+        sh_v = uint32(v_bits) * uint32(r)                 # my code in a value group
+        koff = uint32(KN * NCW) * uint32(w)               # my chunks' first word in a key row
+        voff = uint32(VN * NCW) * uint32(w)
+        j_end = min(n_kv, (split + 1) * per)
+        row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
+        last = uint32(row0 + uint32(j_end - 1))
+        mys = uint32(OFF_S + 4 * lane)                    # my slot in each warp's share of s_s
+        toks = cuda.local.array(4, uint32)                # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t of a tile
+        for e in range(4):
+            toks[e] = uint32(2 * t + (e & 1) + 8 * (e >> 1))
+        it = uint32(0)
+        for c0 in range(split * per, j_end, TILE):        # block-uniform: every warp, every tile
+            r_c = uint32(row0 + uint32(c0))
+            buf = uint32(mys + uint32(NW * 128) * (it & uint32(1)))
+            for n in range(2):                            # my coordinates' share of tokens 8n .. 8n + 7
+                d0 = f0
+                d1 = f0
+                d2 = f0
+                d3 = f0
+                if mine:
+                    row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
+                    load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xw, 0)
+                    for x in range(2 * NCW):              # k-steps: 2 per chunk
+                        c = KN * (x >> 1)
+                        b0 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
+                        b1 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
+                                                  << 2))
+                        d0, d1, d2, d3 = mma_f16_16816(qa[2 * x], z, qa[2 * x + 1], z, b0, b1, d0, d1, d2, d3)
+                smem[uint32(buf + uint32(128 * w + 2 * n))] = d0
+                smem[uint32(buf + uint32(128 * w + 2 * n + 1))] = d1
+            cuda.syncthreads()                            # every warp's share is in
+            mx = NEG_INF
+            for e in range(4):                            # the same sums, in the same order, in every warp
+                acc_s = f0
+                for u in range(NWD):
+                    acc_s += smem[uint32(buf + uint32(128 * u + e))]
+                tok = min(uint32(r_c + toks[e]), last)
+                kn, _ = h2_to_f32(uint32(k_flat[tok]))
+                vn, _ = h2_to_f32(uint32(v_flat[tok]))
+                sc[e] = acc_s * kn * SCORE if c0 + toks[e] < j_end else NEG_INF
+                vw[e] = vn * INV_SQRT_D
+                mx = max(mx, sc[e])
+            it += uint32(1)
+            mx = max(mx, shfl_xor_f32(mx, 1))             # over the 4 lanes of head r: the tile's 16 tokens
+            mx = max(mx, shfl_xor_f32(mx, 2))
+            if mx > m:                                    # uniform over head r's lanes
+                alpha = math.exp2(m - mx)
+                lsum *= alpha
+                for x in range(NO):
+                    o[x] *= alpha
+                m = mx
+            for e in range(4):
+                p = math.exp2(sc[e] - m)                  # 0 past j_end (score -inf)
+                lsum += p
+                vw[e] = p * vw[e] if sc[e] != NEG_INF else f0
+            pa0 = pack_f16x2(vw[0], vw[1])
+            pa2 = pack_f16x2(vw[2], vw[3])
+            if mine:
+                for e in range(4):                        # my chunks of the value rows of my 4 tokens
+                    row = min(uint32(r_c + toks[e]), last)
+                    load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xw, XV * e)
+                for b in range(NO // 2):                  # output tiles: 4 per chunk
+                    c = VN * (b >> 2)
+                    j = b & 3
+                    # B: tokens (2t, 2t + 1) and (8 + 2t, 9 + 2t) at coordinate 8b + r
+                    i0 = ((group_field(xw, c, j, v_bits, sh_v) & VMASK)
+                          | ((group_field(xw, XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
+                    i1 = ((group_field(xw, 2 * XV + c, j, v_bits, sh_v) & VMASK)
+                          | ((group_field(xw, 3 * XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
+                    o[2 * b], o[2 * b + 1], _, _ = mma_f16_16816(pa0, z, pa2, z, lds_u32(s_vp, vpb | (i0 << 2)),
+                                                                 lds_u32(s_vp, vpb | (i1 << 2)), o[2 * b],
+                                                                 o[2 * b + 1], f0, f0)
+        lsum += shfl_xor_f32(lsum, 1)                     # head r's sum over its 4 lanes
+        lsum += shfl_xor_f32(lsum, 2)
+        # every warp holds the block's (max, sum) and its own coordinates: all of it goes to the merge's
+        # first slot, the other slots are empty (max -inf)
+        if r < G and mine:
+            for b in range(NO // 2):
+                smem[OFF_A + r * d + CPW * w + 8 * b + 2 * t] = o[2 * b]
+                smem[OFF_A + r * d + CPW * w + 8 * b + 2 * t + 1] = o[2 * b + 1]
+        if w == 0 and r < G and t == 0:
+            smem[OFF_ML + 2 * r] = m
+            smem[OFF_ML + 2 * r + 1] = lsum
+            for u in range(1, NW):
+                smem[OFF_ML + 2 * (u * G + r)] = NEG_INF
+        merge(smem, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs)
+
+    return partial, split_combine_kernel(d, n_splits, STEP, gated)
+
+
+def launch(q, k_words, k_norms, v_words, v_norms, kv_len, k_tables, v_tables, out, ws, stream, proj,
+           kernels) -> None:
+    """decode.kvq_attention_decode's body for this partial (the code caches already as flat words)."""
+    H, d = q.shape
+    Hkv = k_norms.shape[0]
+    gated = proj is not None
+    partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
+    nbytes = 4 * smem_words(H // Hkv, d)[-1]
+    if "partial" in kernels:
+        partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
+            q, k_words, k_norms, v_words, v_norms, kv_len, k_tables.signs, k_tables.levels, v_tables.levels,
+            v_tables.signs, ws.part_o, ws.part_ml, k_norms.reshape(k_norms.size), v_norms.reshape(v_norms.size))
+    if "combine" in kernels:
+        combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
+                                                          ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
+                                                          proj if gated else ws.no_gate, out.reshape(1, out.size))
