@@ -113,6 +113,20 @@ def partial_smem_words(G: int, d: int) -> tuple[int, ...]:
     return off_q, off_ml, off_a, off_a + NW * G * d
 
 
+@lru_cache(maxsize=None)
+def block_place(n_splits: int, step: int):
+    """place(kv_len, k_norms) -> (split, KV head, thread, warp, lane, max_seq, cached tokens, keys per split)
+    of a partial block (grid (n_splits, Hkv), TPB threads; splits are whole multiples of ``step`` keys), the
+    same for every partial."""
+    @cuda.jit(device=True, inline=True)
+    def place(kv_len, k_norms):
+        tid = cuda.threadIdx.x
+        n_kv = kv_len[0]
+        return (cuda.blockIdx.x, cuda.blockIdx.y, tid, tid >> 5, tid & 31, k_norms.shape[1], n_kv,
+                split_range_len(n_kv, n_splits, step))
+    return place
+
+
 @cuda.jit(device=True, inline=True)
 def raise_max(m, lsum, acc, g, mx):
     """Online softmax (log2 domain) of head g: where a tile's maximum mx exceeds the running one m[g], the
@@ -216,6 +230,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     LV2 = 2 * LV                                 # (shared array shapes must be plain constants)
     f0 = float32(0.0)
     tail = split_tail(G, d, OFF_A, OFF_ML)
+    place = block_place(n_splits, STEP)
     # 4 blocks (16 warps) per SM: 512 blocks of the 9B's 4 KV heads x 128 splits in one wave
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
@@ -260,14 +275,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         # the codebooks (keys at 0, values at LV) in a static array: its address is a link-time constant,
         # so a code's table load is one LDS with an immediate offset (the dynamic array's base is a register)
         s_lvl = cuda.shared.array(LV2, float32)
-        split = cuda.blockIdx.x
-        hk = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        w = tid >> 5
-        lane = tid & 31
-        max_seq = k_norms.shape[1]
-        n_kv = kv_len[0]
-        per = split_range_len(n_kv, n_splits, STEP)
+        split, hk, tid, w, lane, max_seq, n_kv, per = place(kv_len, k_norms)
         if split * per >= n_kv:
             return                                        # past kv_len: the combine reads no such split
         rot = cuda.local.array(V, float32)                # a row's coordinates V·lane.. in a warp rotation
@@ -392,19 +400,18 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     times each alone; the model launches both). ``variant``: "lanes" (this module's partial) or "tokens"
     (kvq/decode_tokens.py's, a lane per key token) or "mma" (kvq/decode_mma.py's, on tensor cores), so one
     process can time each."""
-    if variant in ("tokens", "mma"):
-        from ninfer_numba.kernels.kvq import decode_mma, decode_tokens     # they import this module's helpers
-        (decode_tokens if variant == "tokens" else decode_mma).launch(
-            q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables, v_tables, out, ws, stream,
-            proj, kernels)
-        return
-    if variant != "lanes":
+    if variant not in ("lanes", "tokens", "mma"):
         raise ValueError(f"unknown kvq decode variant {variant!r} (lanes, tokens, mma)")
     H, d = q.shape
     Hkv = k_codes.shape[0]
     gated = proj is not None
-    partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
-    nbytes = 4 * partial_smem_words(H // Hkv, d)[-1]
+    shape = (H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
+    if variant == "lanes":
+        (partial, combine), nbytes = _kernels(*shape), 4 * partial_smem_words(H // Hkv, d)[-1]
+    else:
+        from ninfer_numba.kernels.kvq import decode_mma, decode_tokens     # they import this module's helpers
+        module = decode_tokens if variant == "tokens" else decode_mma
+        (partial, combine), nbytes = module._kernels(*shape), 4 * module.smem_words(H // Hkv, d)[-1]
     if "partial" in kernels:
         partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
             q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,

@@ -38,9 +38,9 @@ from numba import float32, uint32, uint64
 
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
-from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
+from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, rotate_query, split_merge
+from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, block_place, rotate_query, split_merge
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
@@ -100,6 +100,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     f0 = float32(0.0)
     z = uint32(0)
     merge = split_merge(G, d, OFF_A, OFF_ML)
+    place = block_place(n_splits, STEP)
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
     @device_inline
@@ -149,16 +150,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         s_vp = cuda.shared.array(256, uint32, alignment=1024)
         kpb = smem_u32(s_kp)
         vpb = smem_u32(s_vp)
-        split = cuda.blockIdx.x
-        hk = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        w = tid >> 5
-        lane = tid & 31
+        split, hk, tid, w, lane, max_seq, n_kv, per = place(kv_len, k_norms)
         r = lane >> 2                                     # fragment row (head) / column (token, coordinate)
         t = lane & 3
-        max_seq = k_norms.shape[1]
-        n_kv = kv_len[0]
-        per = split_range_len(n_kv, n_splits, STEP)
         if split * per >= n_kv:
             return
         rot = cuda.local.array(V, float32)
@@ -280,21 +274,3 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         merge(smem, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs)
 
     return partial, split_combine_kernel(d, n_splits, STEP, gated)
-
-
-def launch(q, k_words, k_norms, v_words, v_norms, kv_len, k_tables, v_tables, out, ws, stream, proj,
-           kernels) -> None:
-    """decode.kvq_attention_decode's body for this partial (the code caches already as flat words)."""
-    H, d = q.shape
-    Hkv = k_norms.shape[0]
-    gated = proj is not None
-    partial, combine = _kernels(H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
-    nbytes = 4 * smem_words(H // Hkv, d)[-1]
-    if "partial" in kernels:
-        partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
-            q, k_words, k_norms, v_words, v_norms, kv_len, k_tables.signs, k_tables.levels, v_tables.levels,
-            v_tables.signs, ws.part_o, ws.part_ml, k_norms.reshape(k_norms.size), v_norms.reshape(v_norms.size))
-    if "combine" in kernels:
-        combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
-                                                          ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
-                                                          proj if gated else ws.no_gate, out.reshape(1, out.size))
