@@ -351,7 +351,8 @@ kvq_variants)
     timeout $(( $(left) < 80 ? $(left) : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \
       --depth 32768 --kv-type k3v3 --kvq-partial $partial --out "$OUT/profile_k3v3_$partial.json" \
       > "$OUT/logs/profile_k3v3_$partial.log" 2>&1
-    say "decode profile k3v3 ($partial) at 32K (exit $?):"; grep -v "^WARNING" "$OUT/logs/profile_k3v3_$partial.log" | head -12
+    say "decode profile k3v3 ($partial) at 32K (exit $?):"
+    grep -v "^WARNING" "$OUT/logs/profile_k3v3_$partial.log" | head -12
   done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
