@@ -4,29 +4,34 @@ Same inputs, outputs, split-K contract, merge (decode.split_merge) and combine a
 docstring first); only the partial's main loop differs. decode.py and decode_tokens.py spend ~230 and ~148
 SASS instructions per (token, KV head) on FMAs against codebook values (4 per code at G = 4) and their
 table loads; here each code becomes one half of an f16 pair and the products run as mma.m16n8k16 (fp16
-operands, fp32 accumulators: kernels/flash_attn/mma_f16.py's fragment layouts). A warp takes tiles of 16
-consecutive tokens (tiles w, w + NW, ...); lane (r, t) = (lane >> 2, lane & 3):
+operands, fp32 accumulators: kernels/flash_attn/mma_f16.py's fragment layouts). The block walks its split in
+tiles of 16 consecutive tokens; its NW warps split the coordinates (warp w: 64 of d = 256, chunks of 32
+codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
 
-  keys    S [16 heads × 8 tokens] = Q [16 × d] · K^T, twice per tile (tokens 0-7, 8-15), d/16 mma each. A
-          is the rotated queries, head r in row r (rows >= G zero), fixed for the block: packed once into
-          shared memory in fragment order (s_qf, one 8-byte load per k-step). B's column r is token r of
-          the half: lane (r, t) needs coordinates 16s + 2t, +1 and 16s + 8 + 2t, +1 of that token's key
-          row, i.e. one pair of adjacent codes from each 8-code group (bits 6t.. of a 24-bit group, byte t
-          of a 4-bit word), looked up as a ready f16 pair in a table of the 64 (256) code pairs.
-  softmax D leaves head r's scores of tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) in lane (r, t): the running
-          maximum and sum per head by two shuffles over t; the weights p · n_v / sqrt(d) pack straight into
-          the A fragment of the next product (FlashAttention-2's register reuse).
-  values  O [16 heads × 8 coordinates] += P [16 × 16 tokens] · V, d/8 mma per tile. B's column r is
-          coordinate 8b + r: lane (r, t) takes code r of every group b of the value rows of tokens 2t,
-          2t + 1, 8 + 2t, 9 + 2t, pairs two tokens' levels (the reduction runs over tokens) and keeps
-          O[r, 8b + 2t], +1 in registers (rows >= G of the product are padding and dropped).
+  keys    S [16 heads × 8 tokens] = Q [16 × d] · K^T, twice per tile (tokens 0-7, 8-15), over my warp's
+          coordinates (4 k-steps at d = 256). A is the rotated queries, head r in row r (rows >= G zero),
+          fixed for the block: packed once in fragment order (s_qf) and held in registers. B's column r is
+          token r of the half: lane (r, t) needs coordinates 16s + 2t, +1 and 16s + 8 + 2t, +1 of that
+          token's key row, i.e. one pair of adjacent codes from each 8-code group (bits 6t.. of a 24-bit
+          group, byte t of a 4-bit word), looked up as a ready f16 pair in a table of the 64 (256) pairs.
+          The warps' shares of S meet in shared memory (s_s, double-buffered: one barrier a tile).
+  softmax S leaves head r's scores of tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) in lane (r, t): every warp
+          sums the shares in the same order and runs the same online softmax (maximum and sum per head by
+          two shuffles over t), so all hold the same maximum and weights; p · n_v / sqrt(d) packs straight
+          into the A fragment of the values' product (FlashAttention-2's register reuse).
+  values  O [16 heads × 8 coordinates] += P [16 × 16 tokens] · V for my warp's 8 tiles of 8 coordinates.
+          B's column r is coordinate 8b + r: lane (r, t) takes code r of group b of the value rows of
+          tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) and looks the two tokens' codes up as one f16 pair (the
+          reduction runs over tokens); O[r, 8b + 2t], +1 stay in registers (rows >= G are padding).
+  end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
+          empty), which rotates the split's output back as for the other partials.
 
-Per (token, KV head) at G = 4, d = 256, k3v3 this is ~30 instructions of key codes and ~35 of value codes
-(extract, table load, pack) and 4 mma, against ~148 for the token-lane partial; the tensor cores' share is
-small (4 mma × 4,096 FLOPs). 3 and 4 bits only, up to 8 query heads per KV head (rows of one mma).
+Offline sm_90a (9B shape): 102 (k3v3) to 118 (k4v4) registers, no local memory, ~523 SASS a warp a tile:
+~125 per (token, KV head) against ~148 for the token-lane partial; the tensor cores' share is small (16 mma
+a warp a tile). 3 and 4 bits only, up to 8 query heads per KV head (the rows of one mma).
 
-Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_ml [NW, G, 2] | s_a [NW, G, d]
-(dynamic), plus static s_qf [d/16, 32, 2] u32, the key pair table [256] u32 and the value levels [16] f32.
+Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 32, 4] | s_ml [NW, G, 2]
+| s_a [NW, G, d] (dynamic), plus static s_qf [d/16, 32, 2] u32 and the key and value pair tables [256] u32.
 """
 from __future__ import annotations
 
