@@ -50,7 +50,7 @@ from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx import ldg_nc_v2_u32, ldg_nc_v4_u32, shfl_xor_f32
-from ninfer_numba.kernels.ptx_sm90 import smem_u32
+from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
 
 TILE = 16                   # tokens per tile: the k dimension of the values' mma
 STEP = TILE                 # a split's keys are whole tiles (every warp walks every tile)
@@ -63,12 +63,16 @@ def warp_coordinates(d: int) -> int:
     return max(32, d // NW)
 
 
+SHARE = NW * 32 * 4 + 32     # words of one s_s buffer: the warps' score shares, then the tile's 32 norms
+
+
 def smem_words(G: int, d: int) -> tuple[int, ...]:
-    """(offsets of s_q, s_s, s_ml, s_a; total words) of the partial's dynamic shared memory; s_s [2, NW, 32,
-    4] holds each warp's share of a tile's scores, double-buffered (one barrier per tile)."""
+    """(offsets of s_q, s_s, s_ml, s_a; total words) of the partial's dynamic shared memory; s_s [2, SHARE]
+    holds each warp's share of a tile's scores [NW, 32, 4] and the tile's key and value norms [2, 16],
+    double-buffered (one barrier per tile)."""
     off_q = 0
     off_s = off_q + G * d
-    off_ml = off_s + 2 * NW * 32 * 4
+    off_ml = off_s + 2 * SHARE
     off_a = off_ml + 2 * NW * G
     return off_q, off_s, off_ml, off_a, off_a + NW * G * d
 
@@ -147,7 +151,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 part_ml, k_flat, v_flat):
         griddep_wait()                                    # kernels/pdl.py: before any global access
         griddep_launch_dependents()                       # the combine may be scheduled; it waits for us
-        smem = cuda.shared.array(0, float32)
+        smem = cuda.shared.array(0, float32, alignment=16)
         s_qf = cuda.shared.array(QF, uint32)              # [d/16, 32, 2] the queries' A fragments (a0, a2)
         # code pair -> (level lo, level hi) as f16x2, keys (two coordinates) and values (two tokens); aligned
         # to their size, so a pair's byte offset ORs into the base (lds_u32)
@@ -197,14 +201,17 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         j_end = min(n_kv, (split + 1) * per)
         row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
         last = uint32(row0 + uint32(j_end - 1))
-        mys = uint32(OFF_S + 4 * lane)                    # my slot in each warp's share of s_s
         toks = cuda.local.array(4, uint32)                # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t of a tile
         for e in range(4):
             toks[e] = uint32(2 * t + (e & 1) + 8 * (e >> 1))
         it = uint32(0)
         for c0 in range(split * per, j_end, TILE):        # block-uniform: every warp, every tile
             r_c = uint32(row0 + uint32(c0))
-            buf = uint32(mys + uint32(NW * 128) * (it & uint32(1)))
+            buf = uint32(OFF_S + uint32(SHARE) * (it & uint32(1)))
+            if w == NW - 1:                               # the tile's norms, scaled for their use below
+                tok = min(uint32(r_c + uint32(lane & 15)), last)
+                nrm, _ = h2_to_f32(uint32(k_flat[tok] if lane < 16 else v_flat[tok]))
+                smem[uint32(buf + uint32(NW * 128 + lane))] = nrm * (SCORE if lane < 16 else INV_SQRT_D)
             for n in range(2):                            # my coordinates' share of tokens 8n .. 8n + 7
                 d0 = f0
                 d1 = f0
@@ -219,19 +226,22 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                         b1 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
                                                   << 2))
                         d0, d1, d2, d3 = mma_f16_16816(qa[2 * x], z, qa[2 * x + 1], z, b0, b1, d0, d1, d2, d3)
-                smem[uint32(buf + uint32(128 * w + 2 * n))] = d0
-                smem[uint32(buf + uint32(128 * w + 2 * n + 1))] = d1
-            cuda.syncthreads()                            # every warp's share is in
+                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n))] = d0
+                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n + 1))] = d1
+            cuda.syncthreads()                            # every warp's share and the norms are in
+            for e in range(4):
+                sc[e] = f0
+            for u in range(NWD):                          # the same sums, in the same order, in every warp
+                s0, s1, s2, s3 = ld_shared_v4_f32(smem, uint32(4) * uint32(buf + uint32(128 * u + 4 * lane)))
+                sc[0] += s0
+                sc[1] += s1
+                sc[2] += s2
+                sc[3] += s3
             mx = NEG_INF
-            for e in range(4):                            # the same sums, in the same order, in every warp
-                acc_s = f0
-                for u in range(NWD):
-                    acc_s += smem[uint32(buf + uint32(128 * u + e))]
-                tok = min(uint32(r_c + toks[e]), last)
-                kn, _ = h2_to_f32(uint32(k_flat[tok]))
-                vn, _ = h2_to_f32(uint32(v_flat[tok]))
-                sc[e] = acc_s * kn * SCORE if c0 + toks[e] < j_end else NEG_INF
-                vw[e] = vn * INV_SQRT_D
+            for e in range(4):
+                sc[e] = (sc[e] * smem[uint32(buf + uint32(NW * 128) + toks[e])] if c0 + toks[e] < j_end
+                         else NEG_INF)
+                vw[e] = smem[uint32(buf + uint32(NW * 128 + 16) + toks[e])]
                 mx = max(mx, sc[e])
             it += uint32(1)
             mx = max(mx, shfl_xor_f32(mx, 1))             # over the 4 lanes of head r: the tile's 16 tokens
