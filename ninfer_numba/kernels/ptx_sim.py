@@ -266,7 +266,8 @@ def _accept_shared_alignment():
     The simulator raises on any ``alignment=``; its numpy-backed arrays need none. Its static shared
     arrays are identified by the calling source line, so the replacement repeats that lookup itself
     (``_allocations`` keyed by file and line of the kernel's call) rather than delegating through an
-    extra frame, which would make every allocation alias one array.
+    extra frame, which would make every allocation alias one array. The lookup is one atomic setdefault, so
+    every thread of the block gets the same array.
     """
     from numba.cuda.simulator import kernelapi
     original = kernelapi.FakeCUDAShared.array
@@ -279,10 +280,10 @@ def _accept_shared_alignment():
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
         caller = traceback.extract_stack(sys._getframe())[-2][0:2]
-        res = self._allocations.get(caller)
-        if res is None:
-            res = self._allocations[caller] = np.empty(shape, dtype)
-        return res
+        # setdefault, not get-then-set: the block's threads run this concurrently, and a thread switched out
+        # between the two would keep an array of its own (the stock simulator's race; seen as a rare
+        # failure of a kernel with three static tables, 2026-12-04)
+        return self._allocations.setdefault(caller, np.empty(shape, dtype))
     array._ninfer_accepts_alignment = True
     kernelapi.FakeCUDAShared.array = array
 
