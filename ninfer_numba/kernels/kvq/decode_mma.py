@@ -94,8 +94,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     QA = 4 * NCW                 # a lane's query fragment registers: 2 per k-step of its warp
     KN = 4 if k_bits == 4 else 3  # words per chunk of a key row
     VN = 4 if v_bits == 4 else 3
-    XV = VN * NCW                # words of my chunks of one value row
-    XW = max(KN * NCW, 4 * XV)
+    XK = KN * NCW                # words of my chunks of one key row
+    XV = VN * NCW                # and of one value row
+    XW = max(2 * XK, 4 * XV)
     # 3-bit runs as 8-byte loads: my 3·NCW words start at word 3·NCW·w of a row of 3·d/32 words
     V2 = NCW % 2 == 0 and (3 * d // 32) % 2 == 0
     QF = 2 * (d // 16) * 32      # s_qf words
@@ -212,22 +213,25 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 tok = min(uint32(r_c + uint32(lane & 15)), last)
                 nrm, _ = h2_to_f32(uint32(k_flat[tok] if lane < 16 else v_flat[tok]))
                 smem[uint32(buf + uint32(NW * 128 + lane))] = nrm * (SCORE if lane < 16 else INV_SQRT_D)
-            for n in range(2):                            # my coordinates' share of tokens 8n .. 8n + 7
-                d0 = f0
-                d1 = f0
-                d2 = f0
-                d3 = f0
-                if mine:
+            sk = cuda.local.array(8, float32)             # S of tokens 8n .. 8n + 7: sk[4n .. 4n + 3]
+            for x in range(8):
+                sk[x] = f0
+            if mine:                                      # my coordinates' share, both halves' rows first:
+                for n in range(2):                        # their two mma chains interleave
                     row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
-                    load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xw, 0)
-                    for x in range(2 * NCW):              # k-steps: 2 per chunk
-                        c = KN * (x >> 1)
+                    load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xw, XK * n)
+                for x in range(2 * NCW):                  # k-steps: 2 per chunk
+                    for n in range(2):
+                        c = XK * n + KN * (x >> 1)
                         b0 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
                         b1 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
                                                   << 2))
-                        d0, d1, d2, d3 = mma_f16_16816(qa[2 * x], z, qa[2 * x + 1], z, b0, b1, d0, d1, d2, d3)
-                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n))] = d0
-                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n + 1))] = d1
+                        sk[4 * n], sk[4 * n + 1], sk[4 * n + 2], sk[4 * n + 3] = mma_f16_16816(
+                            qa[2 * x], z, qa[2 * x + 1], z, b0, b1, sk[4 * n], sk[4 * n + 1], sk[4 * n + 2],
+                            sk[4 * n + 3])
+            for n in range(2):
+                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n))] = sk[4 * n]
+                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n + 1))] = sk[4 * n + 1]
             cuda.syncthreads()                            # every warp's share and the norms are in
             for e in range(4):
                 sc[e] = f0
