@@ -26,8 +26,8 @@ codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
   end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
           empty), which rotates the split's output back as for the other partials.
 
-Offline sm_90a (9B shape): 102 (k3v3) to 118 (k4v4) registers, no local memory, ~523 SASS a warp a tile:
-~125 per (token, KV head) against ~148 for the token-lane partial; the tensor cores' share is small (16 mma
+Offline sm_90a (9B shape): 100 (k3v3) to 116 (k4v4) registers, no local memory, ~512 SASS a warp a tile:
+~122 per (token, KV head) against ~148 for the token-lane partial; the tensor cores' share is small (16 mma
 a warp a tile). 3 and 4 bits only, up to 8 query heads per KV head (the rows of one mma).
 
 Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 32, 4] | s_ml [NW, G, 2]
