@@ -47,6 +47,7 @@ import numpy as np
 from numba import float32, uint32, uint64
 
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
+from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
@@ -70,6 +71,26 @@ def chunk_tokens(G: int) -> int:
     while ch > 1 and ch * G > 16:
         ch //= 2
     return ch
+
+
+@cuda.jit(device=True, inline=True)
+def funnel(hi, lo, sh):
+    """Bits sh.. of the 64-bit word hi:lo as uint32 (sh < 32 gives one SHF): a code group that straddles two
+    words of a coded row. The three partials read their groups through it."""
+    return uint32(((uint64(hi) << uint64(32)) | uint64(lo)) >> uint64(sh))
+
+
+@lru_cache(maxsize=None)
+def pair_table_filler(bits: int):
+    """fill(table, levels, tid): table[c0 | c1 << bits] = (levels[c0], levels[c1]) as one f16x2 word for every
+    pair of codes, by a block of TPB threads (the mma partial's lookups of two codes at once)."""
+    mask = (1 << bits) - 1
+
+    @cuda.jit(device=True, inline=True)
+    def fill(table, levels, tid):
+        for i in range(tid, 1 << (2 * bits), TPB):
+            table[i] = pack_f16x2(levels[i & mask], levels[i >> bits])
+    return fill
 
 
 @cuda.jit(device=True, inline=True)
@@ -244,8 +265,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             return words[base + grp]
         wa = (uint32(3) * grp) >> uint32(2)
         wb = min(wa + uint32(1), uint32(W - 1))
-        sh = uint64((uint32(24) * grp) & uint32(31))
-        return uint32(((uint64(words[base + wb]) << uint64(32)) | uint64(words[base + wa])) >> sh)
+        return funnel(words[base + wb], words[base + wa], (uint32(24) * grp) & uint32(31))
 
     @cuda.jit(device=True, inline=True)
     def group_bytes(words, row, W, grp):

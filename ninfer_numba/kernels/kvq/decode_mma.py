@@ -39,13 +39,14 @@ from functools import lru_cache
 
 import math
 
-from numba import float32, uint32, uint64
+from numba import float32, uint32
 
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, block_place, rotate_query, split_merge
+from ninfer_numba.kernels.kvq.decode import (NEG_INF, NW, TPB, block_place, funnel, pair_table_filler,
+                                             rotate_query, split_merge)
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
@@ -111,12 +112,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     z = uint32(0)
     merge = split_merge(G, d, OFF_A, OFF_ML)
     place = block_place(n_splits, STEP)
+    fill_k, fill_v = pair_table_filler(k_bits), pair_table_filler(v_bits)
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
-
-    @device_inline
-    def funnel(lo, hi, sh):
-        """Bits sh.. of the 64-bit word hi:lo (sh < 32), as uint32 (one SHF)."""
-        return uint32(((uint64(hi) << uint64(32)) | uint64(lo)) >> uint64(sh))
 
     @device_inline
     def load_chunks(words, at, bits, x, o):
@@ -142,9 +139,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         if j == 0:
             return x[o] >> sh
         if j == 1:
-            return funnel(x[o], x[o + 1], uint32(24) + sh)
+            return funnel(x[o + 1], x[o], uint32(24) + sh)
         if j == 2:
-            return funnel(x[o + 1], x[o + 2], uint32(16) + sh)
+            return funnel(x[o + 2], x[o + 1], uint32(16) + sh)
         return x[o + 2] >> (uint32(8) + sh)
 
     @cached_jit(pdl=True, **occupancy)
@@ -170,10 +167,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             rotate_query(q, hk * G + g, k_signs, rot, V, lane)
             for k in range(V):
                 smem[OFF_Q + g * d + V * lane + k] = rot[k]
-        for i in range(tid, 1 << (2 * k_bits), TPB):
-            s_kp[i] = pack_f16x2(k_levels[i & ((1 << k_bits) - 1)], k_levels[i >> k_bits])
-        for i in range(tid, 1 << (2 * v_bits), TPB):
-            s_vp[i] = pack_f16x2(v_levels[i & ((1 << v_bits) - 1)], v_levels[i >> v_bits])
+        fill_k(s_kp, k_levels, tid)
+        fill_v(s_vp, v_levels, tid)
         cuda.syncthreads()
         for e in range(tid, d // 16 * 32, TPB):           # lane e & 31's (a0, a2) of k-step e >> 5
             gq = (e & 31) >> 2

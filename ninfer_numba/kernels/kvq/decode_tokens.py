@@ -35,7 +35,8 @@ from numba import float32, uint32, uint64
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import NEG_INF, NW, TPB, block_place, raise_max, rotate_query, split_tail
+from ninfer_numba.kernels.kvq.decode import (NEG_INF, NW, TPB, block_place, funnel, raise_max, rotate_query,
+                                             split_tail)
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx import ldg_nc_v4_u32, shfl_xor_f32, syncwarp
@@ -165,11 +166,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             key_word(s_lvl, lb, smem, x3, 0, 8, qb + uint32(24 * QS), sc)
         else:
             key_word(s_lvl, lb, smem, x0, 0, 10, qb, sc)
-            key_code(s_lvl, lb, smem, uint32(((uint64(x1) << uint64(32)) | uint64(x0)) >> uint64(30)), 0,
-                     qb + uint32(10 * QS), sc)
+            key_code(s_lvl, lb, smem, funnel(x1, x0, 30), 0, qb + uint32(10 * QS), sc)
             key_word(s_lvl, lb, smem, x1, 1, 10, qb + uint32(11 * QS), sc)
-            key_code(s_lvl, lb, smem, uint32(((uint64(x2) << uint64(32)) | uint64(x1)) >> uint64(31)), 0,
-                     qb + uint32(21 * QS), sc)
+            key_code(s_lvl, lb, smem, funnel(x2, x1, 31), 0, qb + uint32(21 * QS), sc)
             key_word(s_lvl, lb, smem, x2, 2, 10, qb + uint32(22 * QS), sc)
 
     @device_inline
@@ -206,8 +205,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         base = uint32(row * uint32(WV))
         if v_bits == 4:
             return v_words[uint32(base + grp)]
-        return uint32(((uint64(v_words[uint32(base + wb)]) << uint64(32)) | uint64(v_words[uint32(base + wa)]))
-                      >> vsh)
+        return funnel(v_words[uint32(base + wb)], v_words[uint32(base + wa)], vsh)
 
     @device_inline
     def value_token(s_lvl, lbv, smem, bits, pslot, acc):
