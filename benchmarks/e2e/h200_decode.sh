@@ -339,14 +339,7 @@ kvq_variants)
     --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
   say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   wait $gen
-  kv_decode_bench f16 k3v3
-  for partial in tokens mma; do
-    timeout $(( $(left) < 60 ? $(left) : 60 )) make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b \
-      --tests tg128@d32768 --kv-type k3v3 --kvq-partial $partial --skip-llamacpp --out $OUT/kv_k3v3_$partial" \
-      > "$OUT/logs/bench_kv_k3v3_$partial.log" 2>&1
-    say "decode, ours k3v3 with the $partial partial (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_k3v3_$partial.log"
-  done
-  ( cd "$OUT" && tar czf kv_partials.tgz kv_k3v3_tokens kv_k3v3_mma && rm -rf kv_k3v3_tokens kv_k3v3_mma )
+  kv_decode_bench f16 k3v3 k3v3:tokens k3v3:mma
   for partial in lanes mma; do
     timeout $(( $(left) < 80 ? $(left) : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \
       --depth 32768 --kv-type k3v3 --kvq-partial $partial --out "$OUT/profile_k3v3_$partial.json" \

@@ -16,8 +16,9 @@ gpu_tests() {
 make setup PYTHON=python3 OFFLINE=1 > "$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 3; }
 # a warm machine keeps models/ between calls on a 64 GB disk (a 27B file is 28.6 GB): the oldest model files
 # go while less than FREE_GB (default 32) GB is free
-while [ "$(df -BG --output=avail . | tail -1 | tr -dc 0-9)" -lt "${FREE_GB:-32}" ] && ls models/*.gguf > /dev/null 2>&1; do
-  say "disk: removing $(ls -tr models/*.gguf | head -1)"; rm -f "$(ls -tr models/*.gguf | head -1)"
+free_gb() { df -BG --output=avail . | tail -1 | tr -dc 0-9; }
+while [ "$(free_gb)" -lt "${FREE_GB:-32}" ] && ls models/*.gguf > /dev/null 2>&1; do
+  oldest=$(ls -tr models/*.gguf | head -1); say "disk: removing $oldest"; rm -f "$oldest"
 done
 say "setup done"
 # llama.cpp's build (carry .cache/llama.cpp/src) and the 9b, then the 27b synthetic file, in the background:
@@ -32,12 +33,15 @@ start_builds() {
   ) > "$1/make_models.log" 2>&1 &
   gen=$!
 }
-# our decode at depth 32K on the 9b file with each given KV cache type (no llama.cpp); records in $OUT/kv.tgz
+# our decode at depth 32K on the 9b file with each given KV cache type, as type or type:partial (a coded
+# cache's --kvq-partial; no llama.cpp); records in $OUT/kv.tgz
 kv_decode_bench() {
-  for kv in "$@"; do
+  for entry in "$@"; do
+    kv=${entry%%:*}; partial=${entry#"$kv"}; partial=${partial#:}; tag=$kv${partial:+_$partial}
     timeout 100 make bench PYTHON=python3 OFFLINE=1 BENCH_ARGS="--models 9b --tests tg128@d32768 --kv-type $kv \
-      --skip-llamacpp --out $OUT/kv_$kv" > "$OUT/logs/bench_kv_$kv.log" 2>&1
-    say "decode, ours $kv (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_$kv.log"
+      ${partial:+--kvq-partial $partial} --skip-llamacpp --out $OUT/kv_$tag" > "$OUT/logs/bench_kv_$tag.log" 2>&1
+    say "decode, ours $kv${partial:+ with the $partial partial} (exit $?)"
+    grep -E "^\| 9b" "$OUT/logs/bench_kv_$tag.log"
   done
   ( cd "$OUT" && tar czf kv.tgz kv_* && rm -rf kv_*/ )
 }
