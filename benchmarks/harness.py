@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                         help="our KV cache type (llama.cpp runs --llamacpp-kv-type, f16 unless given)")
-    parser.add_argument("--kvq-partial", default="lanes", choices=KVQ_PARTIALS,
+    parser.add_argument("--kvq-partial", default="auto", choices=KVQ_PARTIALS,
                         help="our coded cache's decode partial (EngineConfig.kvq_partial)")
     parser.add_argument("--llamacpp-kv-type", choices=LLAMACPP_CACHE_CHOICES, default=None,
                         help="llama.cpp's -ctk/-ctv (default: ours where it has it, else f16)")
@@ -192,7 +192,7 @@ def kernel_start_settings() -> dict:
 
 def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_type: str,
                gemm: str, prefill_graphs: bool = True, pdl: bool = True,
-               gpus: str = "", kvq_partial: str = "lanes"
+               gpus: str = "", kvq_partial: str = "auto"
                ) -> tuple[list[tuple[BenchTest, list[float], dict, float]], dict]:
     """Our engine on every test: (test, samples_tps, settings, compile_seconds) per test, and describe()."""
     from ninfer_numba import LLM
@@ -202,7 +202,7 @@ def run_ninfer(model: Path, tests: list[BenchTest], reps: int, backend: str, kv_
         kwargs["gpus"] = gpus
     if gemm != "auto":
         kwargs["gemm"] = gemm
-    if kvq_partial != "lanes":
+    if kvq_partial != "auto":
         kwargs["kvq_partial"] = kvq_partial
     if not prefill_graphs and backend == "cuda":
         kwargs["prefill_graphs"] = False

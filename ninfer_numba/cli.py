@@ -28,9 +28,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=KV_CACHE_TYPES,
                    help="KV cache format: f16, or keys/values in 3 or 4 bits after a Hadamard rotation "
                         "(kernels/kvq)")
-    p.add_argument("--kvq-partial", default="lanes", choices=KVQ_PARTIALS,
+    p.add_argument("--kvq-partial", default="auto", choices=KVQ_PARTIALS,
                    help="a coded cache's decode partial: lanes owning code groups, a lane per key token, "
-                        "tensor cores (mma), or auto (tokens from 16,384 tokens of capacity, 3/4 bits)")
+                        "tensor cores (mma), or auto (mma for k3v3; tokens for other 3/4-bit caches from "
+                        "16,384 tokens of capacity; else lanes)")
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=1024,
                    help="memory for state snapshots at prompt prefixes, reused across requests (0: off)")
     p.add_argument("--no-prefill-graphs", action="store_true",

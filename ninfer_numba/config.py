@@ -235,7 +235,7 @@ class EngineConfig:
     max_seq: int = 4096            # KV cache capacity in tokens (prompt + generation)
     prefill_chunk: int = 2048      # tokens per prefill forward on the GPU
     kv_type: str = "f16"           # f16, or k3v3 / k4v3 / k4v4 / q8 (kernels/kvq)
-    kvq_partial: str = "lanes"     # a coded cache's decode partial: lanes | tokens | mma | auto (kvq/decode.py)
+    kvq_partial: str = "auto"      # a coded cache's decode partial: lanes | tokens | mma | auto (kvq/decode.py)
     gemm: str = "auto"             # prefill GEMM: auto | w8a16 (sm_90) | mma | dp4a (model/qwen35.py)
     prefill_graphs: bool = True    # replay a prefill chunk length seen before from a CUDA graph (cuda_runner)
     pdl: bool = True               # decode-step kernels launched programmatically on sm_90+ (kernels/pdl.py)

@@ -2,7 +2,7 @@
 passed at copy bandwidth, next to the step's own time (the decode issue's first table).
 
     python -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf [--depth 0] [--out profile.json]
-        [--kv-type k3v3] [--kvq-partial lanes|tokens|auto]
+        [--kv-type k3v3] [--kvq-partial lanes|tokens|mma|auto]
 
 The launches of one eager decode step (the graph's forward and argmax) are recorded by wrapping numba's
 launch call (kernel, grid, block, dynamic shared memory, arguments). Each is then replayed alone from a CUDA

@@ -52,11 +52,12 @@
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
 #   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, the three decode partials, the model),
 #               bench_attn's f16 and coded-cache decode rows (lanes, tokens, mma), our decode at depth 32K
-#               with f16, k3v3 (lanes), k3v3 with --kvq-partial tokens and mma, then decode_profile of k3v3
+#               with f16 and k3v3 with --kvq-partial lanes, tokens and mma, then decode_profile of k3v3
 #               at 32K with the lanes and mma partials, in what is left of DEADLINE (570) s
-#   STAGE=kv_llamacpp: llama.cpp built and the 9b file, then the decode at depth 32K of ours with k3v3 beside
-#               llama.cpp's q8_0 cache, and ours with f16 beside its q4_0 (issue 14's speed gate; records in
-#               $OUT/kv_llamacpp.tgz), in what is left of DEADLINE (570) s
+#   STAGE=kv_llamacpp: llama.cpp built and the 9b file (the coded-cache GPU tests meanwhile), then the decode
+#               at depth 32K of ours with k3v3 beside llama.cpp's q8_0 cache, and ours with f16 beside its q4_0
+#               (issue 14's speed gate; records in $OUT/kv_llamacpp.tgz), then decode_profile of k3v3 at 32K
+#               and our k4v4 decode with the token-lane and mma partials, in what is left of DEADLINE (570) s
 #   STAGE=long_context: the 27b file, then benchmarks.e2e.long_context on it at its whole context (262,144
 #               tokens, depth 261,760) with KV (k3v3): the first FILL (default depth - 8,192) tokens of the
 #               cache filled at random (a full prefill is ~1.35e17 FLOPs of attention, past one call), the
@@ -74,6 +75,18 @@ profile() {   # seconds, model, depth [extra decode_profile flags, e.g. --no-pdl
   timeout $1 python3 -m benchmarks.e2e.decode_profile --model models/q35-$2.gguf --depth $3 ${4:-} \
     --out "$OUT/profile_$tag.json" > "$OUT/logs/decode_profile_$tag.log" 2>&1
   say "decode profile $2, depth $3 ${4:-} (exit $?):"; grep -v "^WARNING" "$OUT/logs/decode_profile_$tag.log" | head -16
+}
+# the coded caches' GPU tests (append, rope coding, the three decode partials, the model): seconds, workers
+coded_gpu_tests() {
+  gpu_tests $1 $2 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
+    tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
+}
+# decode_profile of the 9b file at depth 32K with a coded cache and partial (DEADLINE-bounded, at most 80 s)
+kvq_profile() {   # kv type, partial
+  local secs=$(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 ))
+  timeout $(( secs < 80 ? secs : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \
+    --depth 32768 --kv-type $1 --kvq-partial $2 --out "$OUT/profile_$1_$2.json" > "$OUT/logs/profile_$1_$2.log" 2>&1
+  say "decode profile $1 ($2 partial) at 32K (exit $?):"; grep -v "^WARNING" "$OUT/logs/profile_$1_$2.log" | head -12
 }
 case "${STAGE:-decode_accept}" in
 decode_accept)
@@ -333,20 +346,13 @@ kvq_variants)
   left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
-  gpu_tests 150 6 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
-    tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
+  coded_gpu_tests 150 6
   timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
     --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
   say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
   wait $gen
-  kv_decode_bench f16 k3v3 k3v3:tokens k3v3:mma
-  for partial in lanes mma; do
-    timeout $(( $(left) < 80 ? $(left) : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \
-      --depth 32768 --kv-type k3v3 --kvq-partial $partial --out "$OUT/profile_k3v3_$partial.json" \
-      > "$OUT/logs/profile_k3v3_$partial.log" 2>&1
-    say "decode profile k3v3 ($partial) at 32K (exit $?):"
-    grep -v "^WARNING" "$OUT/logs/profile_k3v3_$partial.log" | head -12
-  done
+  kv_decode_bench f16 k3v3:lanes k3v3:tokens k3v3:mma
+  for partial in lanes mma; do kvq_profile k3v3 $partial; done
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kv_llamacpp)
@@ -354,6 +360,7 @@ kv_llamacpp)
   # q4_0 caches (two make bench runs: ours k3v3 / theirs q8_0, ours f16 / theirs q4_0) on one 9b file
   left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
   start_builds "$OUT/logs"
+  coded_gpu_tests 150 6                                    # the GPU is idle while llama.cpp builds
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
   kill $gen 2>/dev/null; pkill -f "make-model --shape 27b"     # the 27b file is not needed here
@@ -365,6 +372,8 @@ kv_llamacpp)
     say "decode at 32K, ours $ours, llama.cpp $theirs (exit $?)"; grep -E "^\| 9b" "$OUT/logs/bench_kv_${ours}_lc_${theirs}.log"
   done
   ( cd "$OUT" && tar czf kv_llamacpp.tgz kv_*_lc_* && rm -rf kv_*_lc_*/ )
+  kvq_profile k3v3 auto
+  [ "$(left)" -gt 90 ] && kv_decode_bench k4v4:tokens k4v4:mma
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 long_context)

@@ -8,6 +8,10 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   array of any dtype and rank (e.g. 16 int8 of an int8 [N, K] weight, or uint32 ``arr[i:i+4]``), returned as
   four uint32 words; the address must be 16-byte aligned. Only for data no thread writes during the kernel.
   ``ldg_nc_v2_u32(arr, i)``: the same for 8 bytes (two words, 8-byte aligned).
+  ``ldg_nc_v4_u32_ahead``, ``ldg_nc_v2_u32_ahead``, ``ldg_nc_u16_ahead(arr, i)`` (one uint16): the same loads
+  issued where they are written. The plain ones have no side effect, so LLVM may sink them to their first
+  use (or fold a loop's two loads into one at the loop head), which undoes a load placed a tile ahead to
+  hide DRAM latency; these are marked as having one, so they stay in program order among such statements.
 - ``mma_s8_16832(a0..a3, b0, b1, c0..c3)``: warp-wide ``mma.sync.m16n8k32`` s8 x s8 -> s32.
 - ``cp_async_16(smem, si, gmem, gi)``, ``cp_async_commit()``, ``cp_async_wait_all()``,
   ``cp_async_wait_1()``: 16-byte async copy from flat element gi of a global array to flat element si of a
@@ -185,7 +189,7 @@ def _make_intrinsics():
             return builder.call(fn, vals)
         return sig, codegen
 
-    def ldg_nc_u32(n):
+    def ldg_nc_u32(n, ahead=False):
         asm = (f"ld.global.nc.v{n}.u32 {{{', '.join(f'${i}' for i in range(n))}}}, [${n}];")
 
         @intrinsic
@@ -195,12 +199,26 @@ def _make_intrinsics():
 
             def codegen(context, builder, sig, args):
                 addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                return asm_tuple(context, builder, ret, [_I32] * n, [_I64], asm, ",".join(["=r"] * n + ["l"]), [addr])
+                return asm_tuple(context, builder, ret, [_I32] * n, [_I64], asm, ",".join(["=r"] * n + ["l"]), [addr],
+                                 side_effect=ahead)
             return sig, codegen
         return ldg
 
     ldg_nc_v4_u32 = ldg_nc_u32(4)
     ldg_nc_v2_u32 = ldg_nc_u32(2)
+    ldg_nc_v4_u32_ahead = ldg_nc_u32(4, ahead=True)
+    ldg_nc_v2_u32_ahead = ldg_nc_u32(2, ahead=True)
+
+    @intrinsic
+    def ldg_nc_u16_ahead(typingctx, arr, idx):
+        sig = types.uint16(arr, idx)
+
+        def codegen(context, builder, sig, args):
+            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+            fn = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [_I64]), "ld.global.nc.u16 $0, [$1];", "=h,l",
+                              side_effect=True)
+            return builder.call(fn, [addr])
+        return sig, codegen
 
     @intrinsic
     def mma_s8_16832(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -294,7 +312,8 @@ def _make_intrinsics():
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
-            shfl_idx_f32, syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"))
+            shfl_idx_f32, syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"),
+            ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead, ldg_nc_u16_ahead)
 
 
 if SIMULATOR:
@@ -302,5 +321,6 @@ if SIMULATOR:
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
  cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
- shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents) = (
+ shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents, ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead,
+ ldg_nc_u16_ahead) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

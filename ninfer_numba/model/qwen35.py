@@ -349,7 +349,8 @@ class Qwen35Gpu:
         k_codes, k_norms, v_codes, v_norms = st.kvq[i]
         k_tab, v_tab = self.kvq_tables[i]
         if t == 1:
-            variant = pick_partial(self.engine.kvq_partial, k_tab.bits, v_tab.bits, st.max_seq)
+            variant = pick_partial(self.engine.kvq_partial, k_tab.bits, v_tab.bits, st.max_seq,
+                                   self.c.n_head // self.c.n_head_kv)
             kvq_attention_decode(q[0], k_codes, k_norms, v_codes, v_norms, st.kv_len, k_tab, v_tab,
                                  y.reshape(-1), self.kvq_ws, stream=s, proj=proj, variant=variant)
         else:

@@ -248,7 +248,7 @@ def test_split_run_records_say_which_gpus(tiny_dir, tmp_path, monkeypatch):
     out = harness.bench_model("tiny", args, parse_tests(args.tests), "cuda", {"gpu": "NVIDIA H200", "cpu": "x"},
                               null_ceilings("test"), _fake_llama_bench(tmp_path), devices)
     recs = read_records(out)
-    assert seen["gpus"] == "0,0" and seen["kvq_partial"] == "lanes"
+    assert seen["gpus"] == "0,0" and seen["kvq_partial"] == "auto"
     assert [(r["engine"], r["gpus"], r["gpu"]) for r in recs] == [
         (e, "0,0", "NVIDIA H200 (gpus 0,0)") for e in ("llama.cpp", "llama.cpp", "ninfer", "ninfer")]
     for r in recs[:2]:

@@ -189,13 +189,15 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
 
 
 def test_the_decode_partial_is_picked_by_capacity_and_bits():
-    """EngineConfig.kvq_partial: lanes, tokens or mma as asked; auto takes the token-lane partial from
-    TOKENS_FROM tokens of capacity where it decodes the bits (3 and 4), else lanes; tokens or mma with q8
-    is refused when the engine is configured."""
+    """EngineConfig.kvq_partial: lanes, tokens or mma as asked; auto takes mma for k3v3 where a KV head has
+    at most MMA_MAX_GROUP query heads, the token-lane partial from TOKENS_FROM tokens of capacity for the
+    other 3/4-bit caches, else lanes; tokens or mma with q8 is refused when the engine is configured."""
     from ninfer_numba.config import EngineConfig
-    from ninfer_numba.kernels.kvq.decode import TOKENS_FROM, pick_partial
+    from ninfer_numba.kernels.kvq.decode import MMA_MAX_GROUP, TOKENS_FROM, pick_partial
     assert pick_partial("lanes", 3, 3, 1 << 20) == "lanes" and pick_partial("tokens", 3, 3, 16) == "tokens"
-    assert pick_partial("auto", 3, 3, TOKENS_FROM) == "tokens" and pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
+    assert pick_partial("auto", 3, 3, 16, 4) == "mma" and pick_partial("auto", 3, 3, 1 << 20, MMA_MAX_GROUP) == "mma"
+    assert pick_partial("auto", 3, 3, TOKENS_FROM, MMA_MAX_GROUP + 1) == "tokens"
+    assert pick_partial("auto", 4, 4, TOKENS_FROM) == "tokens" and pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
     assert pick_partial("auto", 8, 8, 1 << 20) == "lanes"
     for variant in ("tokens", "mma"):
         with pytest.raises(ValueError, match=f"the {variant} decode partial decodes 3- and 4-bit"):

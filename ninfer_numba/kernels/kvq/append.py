@@ -10,8 +10,8 @@ threads, d a power of two <= 1024):
   2. the Walsh-Hadamard butterflies, log2(d) stages in the reference's order, each thread on its own
      coordinates in registers: shuffles within a warp, shared memory (two barriers) between warps
   3. n = ||x|| rounded to float16 (stored as its bits); y_i = (H(s ⊙ x))_i / sqrt(d) · sqrt(d) / n, the
-     unit-variance coordinate, and its code = the number of Lloyd-Max thresholds below it (searchsorted, as
-     a bisection of `bits` steps)
+     unit-variance coordinate, and its code = the number of Lloyd-Max thresholds below it (searchsorted:
+     a count over the thresholds held in registers at 3 and 4 bits, a bisection of 8 steps at 8)
   4. the codes packed as the reference packs them (8 bits: one per byte; 4 bits: two per byte, low nibble
      first; 3 bits: each group of 8 codes in 3 bytes), one byte per thread
 A block of 64 (the rope kernel's, d = 256) meets 5 barriers; the first version, a tree in shared memory
@@ -65,6 +65,9 @@ def row_coder(d: int, bits: int, nthreads: int):
     SMEM_END = min(NT, d)              # then up to this: shared memory; then registers
     NWARP = NT // 32
     PACK_ROUNDS = (NB + NT - 1) // NT
+    # 3 and 4 bits: the 7 or 15 thresholds are read into registers first (their loads overlap the
+    # butterflies) and a code counts those below y; 8 bits bisects the 255 in memory
+    NTH = (1 << bits) - 1 if bits <= 4 else 1
 
     @cuda.jit(device=True, inline=True)
     def scratch():
@@ -77,6 +80,10 @@ def row_coder(d: int, bits: int, nthreads: int):
     @cuda.jit(device=True, inline=True)
     def code_row(sh, thresholds, codes, norms, h, row, tid):
         s_y, s_ss, s_c, s_w = sh
+        th = cuda.local.array(NTH, float32)          # [2^bits - 1] the thresholds at 3 and 4 bits
+        if bits <= 4:
+            for k in range(NTH):
+                th[k] = thresholds[k]
         v = cuda.local.array(COORDS, float32)        # my coordinates tid + NT·c (registers: c unrolls)
         ss = float64(0.0)
         for c in range(COORDS):
@@ -123,11 +130,15 @@ def row_coder(d: int, bits: int, nthreads: int):
         for c in range(COORDS):
             i = tid + NT * c
             y = v[c] / SQRT_D * scale
-            q = int32(0)                               # thresholds below y, by bisection (they are sorted)
-            for k in range(bits):
-                half_span = int32(1) << int32(bits - 1 - k)
-                if thresholds[q + half_span - 1] < y:
-                    q += half_span
+            q = int32(0)                               # thresholds below y (they are sorted)
+            if bits <= 4:
+                for k in range(NTH):
+                    q += int32(th[k] < y)
+            else:                                      # by bisection
+                for k in range(bits):
+                    half_span = int32(1) << int32(bits - 1 - k)
+                    if thresholds[q + half_span - 1] < y:
+                        q += half_span
             if i < d:
                 s_c[i] = uint8(q)
         if tid == 0:

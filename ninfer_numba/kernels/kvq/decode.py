@@ -55,9 +55,12 @@ from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32
 
-# EngineConfig.kvq_partial "auto": the token-lane partial from this capacity on (H200, 9B, bench_attn
-# session 19: tokens 32.5 / 50.2 µs at 8K / 32K against lanes 28.4 / 61.2), 3 and 4 bits only
+# EngineConfig.kvq_partial "auto": k3v3 on tensor cores (decode_mma.py) at any capacity (H200, 9B, session
+# 22: 315.0 t/s at depth 32K against 309.8 tokens and 308.7 lanes; bench_attn partial at 8K 21.9 µs against
+# 28.2 / 22.8); other 3/4-bit caches the token-lane partial from this capacity on (bench_attn session 19:
+# tokens 32.5 / 50.2 µs at 8K / 32K against lanes 28.4 / 61.2), else lanes
 TOKENS_FROM = 16384
+MMA_MAX_GROUP = 8           # query heads per KV head the mma partial takes (the rows of one mma)
 NW = 4                      # warps per partial block
 TPB = 32 * NW
 NEG_INF = float32(-np.inf)
@@ -443,11 +446,14 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
                                                           proj if gated else ws.no_gate, out.reshape(1, out.size))
 
 
-def pick_partial(choice: str, k_bits: int, v_bits: int, capacity: int) -> str:
+def pick_partial(choice: str, k_bits: int, v_bits: int, capacity: int, group: int = 1) -> str:
     """The partial kvq_attention_decode runs for EngineConfig.kvq_partial ``choice`` on a cache of
-    ``capacity`` tokens: "auto" takes tokens from TOKENS_FROM on where it decodes the bits, else lanes."""
+    ``capacity`` tokens with ``group`` query heads per KV head: "auto" takes mma for k3v3 (up to
+    MMA_MAX_GROUP heads), tokens from TOKENS_FROM on where it decodes the bits, else lanes."""
     if choice != "auto":
         return choice
+    if k_bits == v_bits == 3 and group <= MMA_MAX_GROUP:
+        return "mma"
     return "tokens" if capacity >= TOKENS_FROM and max(k_bits, v_bits) <= 4 else "lanes"
 
 

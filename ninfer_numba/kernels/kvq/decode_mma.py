@@ -26,9 +26,14 @@ codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
   end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
           empty), which rotates the split's output back as for the other partials.
 
-Offline sm_90a (9B shape): 100 (k3v3) to 116 (k4v4) registers, no local memory, ~512 SASS a warp a tile:
-~122 per (token, KV head) against ~148 for the token-lane partial; the tensor cores' share is small (16 mma
-a warp a tile). 3 and 4 bits only, up to 8 query heads per KV head (the rows of one mma).
+Loads run a tile ahead: a tile's value rows are read before its scores, the next tile's key rows and norms
+while this one's finish (ptx.py's *_ahead loads, which LLVM leaves where written). Without that the 9B step
+at depth 32K spent ~53 µs more between kernels than with the f16 cache: alone, the partial's 26 MB of codes
+sit in L2; in the step they come from DRAM (H200, session 22).
+
+Offline sm_90a (9B shape): 121 (k3v3), 125 (k4v3), 128 (k4v4) registers, no local memory, ~512 SASS a warp
+a tile: ~122 per (token, KV head) against ~148 for the token-lane partial; the tensor cores' share is small
+(16 mma a warp a tile). 3 and 4 bits only, up to 8 query heads per KV head (the rows of one mma).
 
 Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 32, 4] | s_ml [NW, G, 2]
 | s_a [NW, G, d] (dynamic), plus static s_qf [d/16, 32, 2] u32 and the key and value pair tables [256] u32.
@@ -45,17 +50,17 @@ from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import (NEG_INF, NW, TPB, block_place, funnel, pair_table_filler,
-                                             rotate_query, split_merge)
+from ninfer_numba.kernels.kvq.decode import (MMA_MAX_GROUP, NEG_INF, NW, TPB, block_place, funnel,
+                                             pair_table_filler, rotate_query, split_merge)
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
-from ninfer_numba.kernels.ptx import ldg_nc_v2_u32, ldg_nc_v4_u32, shfl_xor_f32
+from ninfer_numba.kernels.ptx import ldg_nc_u16_ahead, ldg_nc_v2_u32_ahead, ldg_nc_v4_u32_ahead, shfl_xor_f32
 from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
 
 TILE = 16                   # tokens per tile: the k dimension of the values' mma
 STEP = TILE                 # a split's keys are whole tiles (every warp walks every tile)
-MAX_G = 8                   # query heads per KV head: the A rows of one mma that are not padding
+MAX_G = MMA_MAX_GROUP       # query heads per KV head: the A rows of one mma that are not padding
 
 
 def warp_coordinates(d: int) -> int:
@@ -97,7 +102,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     VN = 4 if v_bits == 4 else 3
     XK = KN * NCW                # words of my chunks of one key row
     XV = VN * NCW                # and of one value row
-    XW = max(2 * XK, 4 * XV)
+    XK2, XV4 = 2 * XK, 4 * XV    # a lane's words of one tile: two key rows, four value rows
     # 3-bit runs as 8-byte loads: my 3·NCW words start at word 3·NCW·w of a row of 3·d/32 words
     V2 = NCW % 2 == 0 and (3 * d // 32) % 2 == 0
     QF = 2 * (d // 16) * 32      # s_qf words
@@ -118,17 +123,27 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     @device_inline
     def load_chunks(words, at, bits, x, o):
         """x[o:o + NCW·n] = my warp's NCW chunks (n = 3 or 4 words each) of a row from flat word ``at``: 16-byte
-        loads at 4 bits, 8-byte ones at 3 bits where the run is whole pairs of aligned words."""
+        loads at 4 bits, 8-byte ones at 3 bits where the run is whole pairs of aligned words; issued here, a
+        tile before their use (ptx.py's *_ahead loads)."""
         if bits == 4:
             for u in range(NCW):
-                x[o + 4 * u], x[o + 4 * u + 1], x[o + 4 * u + 2], x[o + 4 * u + 3] = ldg_nc_v4_u32(
+                x[o + 4 * u], x[o + 4 * u + 1], x[o + 4 * u + 2], x[o + 4 * u + 3] = ldg_nc_v4_u32_ahead(
                     words, uint32(at + uint32(4 * u)))
         elif V2:
             for u in range(3 * NCW // 2):
-                x[o + 2 * u], x[o + 2 * u + 1] = ldg_nc_v2_u32(words, uint32(at + uint32(2 * u)))
+                x[o + 2 * u], x[o + 2 * u + 1] = ldg_nc_v2_u32_ahead(words, uint32(at + uint32(2 * u)))
         else:
             for u in range(3 * NCW):
                 x[o + u] = words[uint32(at + uint32(u))]
+
+    @device_inline
+    def tile_norm(k_flat, v_flat, r_c, lane, last):
+        """The norm of token lane & 15 of the tile at row r_c (past the split: the last row's), a key's in
+        lanes < 16, a value's above; issued here, a tile before its use."""
+        tok = min(uint32(r_c + uint32(lane & 15)), last)
+        bits = ldg_nc_u16_ahead(k_flat, tok) if lane < 16 else ldg_nc_u16_ahead(v_flat, tok)
+        nrm, _ = h2_to_f32(uint32(bits))
+        return nrm
 
     @device_inline
     def group_field(x, o, j, bits, sh):
@@ -189,7 +204,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         lsum = f0                                         # and my tokens' share of its sum
         sc = cuda.local.array(4, float32)                 # head r at tokens 2t, 2t + 1, 8 + 2t, 9 + 2t
         vw = cuda.local.array(4, float32)
-        xw = cuda.local.array(XW, uint32)                 # my chunks' words: a key row, or 4 value rows
+        xk = cuda.local.array(XK2, uint32)                 # my chunks' words of the two key rows I read
+        xv = cuda.local.array(XV4, uint32)                 # and of the four value rows
         sh_k = uint32(2 * k_bits) * uint32(t)             # my code pair in a key group
         sh_v = uint32(v_bits) * uint32(r)                 # my code in a value group
         koff = uint32(KN * NCW) * uint32(w)               # my chunks' first word in a key row
@@ -200,30 +216,43 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         toks = cuda.local.array(4, uint32)                # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t of a tile
         for e in range(4):
             toks[e] = uint32(2 * t + (e & 1) + 8 * (e >> 1))
+        # loads run a tile ahead of their use (the codes come from DRAM, ~1 µs away): a tile's key rows and
+        # norms are read during the tile before it, its value rows before its scores
+        r_c = uint32(row0 + uint32(split * per))
+        if mine:
+            for n in range(2):
+                row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
+                load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
+        nrm = f0
+        if w == NW - 1:                                   # norm of token lane & 15 (keys: lanes < 16)
+            nrm = tile_norm(k_flat, v_flat, r_c, lane, last)
         it = uint32(0)
         for c0 in range(split * per, j_end, TILE):        # block-uniform: every warp, every tile
             r_c = uint32(row0 + uint32(c0))
             buf = uint32(OFF_S + uint32(SHARE) * (it & uint32(1)))
             if w == NW - 1:                               # the tile's norms, scaled for their use below
-                tok = min(uint32(r_c + uint32(lane & 15)), last)
-                nrm, _ = h2_to_f32(uint32(k_flat[tok] if lane < 16 else v_flat[tok]))
                 smem[uint32(buf + uint32(NW * 128 + lane))] = nrm * (SCORE if lane < 16 else INV_SQRT_D)
+                nrm = tile_norm(k_flat, v_flat, uint32(r_c + uint32(TILE)), lane, last)
+            if mine:                                      # my chunks of the value rows of my 4 tokens
+                for e in range(4):
+                    row = min(uint32(r_c + toks[e]), last)
+                    load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xv, XV * e)
             sk = cuda.local.array(8, float32)             # S of tokens 8n .. 8n + 7: sk[4n .. 4n + 3]
             for x in range(8):
                 sk[x] = f0
-            if mine:                                      # my coordinates' share, both halves' rows first:
-                for n in range(2):                        # their two mma chains interleave
-                    row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
-                    load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xw, XK * n)
-                for x in range(2 * NCW):                  # k-steps: 2 per chunk
+            if mine:                                      # my coordinates' share, both halves' chains
+                for x in range(2 * NCW):                  # interleaved; k-steps: 2 per chunk
                     for n in range(2):
                         c = XK * n + KN * (x >> 1)
-                        b0 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
-                        b1 = lds_u32(s_kp, kpb | ((group_field(xw, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
+                        b0 = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
+                        b1 = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
                                                   << 2))
                         sk[4 * n], sk[4 * n + 1], sk[4 * n + 2], sk[4 * n + 3] = mma_f16_16816(
                             qa[2 * x], z, qa[2 * x + 1], z, b0, b1, sk[4 * n], sk[4 * n + 1], sk[4 * n + 2],
                             sk[4 * n + 3])
+                for n in range(2):                        # the next tile's key rows (past the split: the last)
+                    row = min(uint32(r_c + uint32(TILE + 8 * n) + uint32(r)), last)
+                    load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
             for n in range(2):
                 smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n))] = sk[4 * n]
                 smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n + 1))] = sk[4 * n + 1]
@@ -258,17 +287,14 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             pa0 = pack_f16x2(vw[0], vw[1])
             pa2 = pack_f16x2(vw[2], vw[3])
             if mine:
-                for e in range(4):                        # my chunks of the value rows of my 4 tokens
-                    row = min(uint32(r_c + toks[e]), last)
-                    load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xw, XV * e)
                 for b in range(NO // 2):                  # output tiles: 4 per chunk
                     c = VN * (b >> 2)
                     j = b & 3
                     # B: tokens (2t, 2t + 1) and (8 + 2t, 9 + 2t) at coordinate 8b + r
-                    i0 = ((group_field(xw, c, j, v_bits, sh_v) & VMASK)
-                          | ((group_field(xw, XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
-                    i1 = ((group_field(xw, 2 * XV + c, j, v_bits, sh_v) & VMASK)
-                          | ((group_field(xw, 3 * XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
+                    i0 = ((group_field(xv, c, j, v_bits, sh_v) & VMASK)
+                          | ((group_field(xv, XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
+                    i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v) & VMASK)
+                          | ((group_field(xv, 3 * XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
                     o[2 * b], o[2 * b + 1], _, _ = mma_f16_16816(pa0, z, pa2, z, lds_u32(s_vp, vpb | (i0 << 2)),
                                                                  lds_u32(s_vp, vpb | (i1 << 2)), o[2 * b],
                                                                  o[2 * b + 1], f0, f0)
