@@ -48,19 +48,20 @@ def _completion_prompt_ids(req: CompletionRequest, tokenizer, n_vocab: int) -> l
 
 async def chat_completions(request: Request, server) -> Any:
     received = time.perf_counter()
-    req = parse_request(ChatCompletionRequest, await server.read_json(request))
-    server.check_model(req.model)
-    reject_unsupported(req)
-    tokenizer = server.require_tokenizer()
-    prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
-    ids, cuts = await asyncio.to_thread(prompt.encode_with_cuts, tokenizer)     # long prompts: off the event loop
-    params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
-    constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
-                                         params.stop_ids(tokenizer.eos_ids))
-    job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint,
-              snapshot_at=cuts, received=received)
-    header = server.header("chat", req)
-    server.submit(job)
+    with server.worker.arriving():                                           # read, prepared and queued
+        req = parse_request(ChatCompletionRequest, await server.read_json(request))
+        server.check_model(req.model)
+        reject_unsupported(req)
+        tokenizer = server.require_tokenizer()
+        prompt = build_chat_prompt(req, server.llm.chat_template, tokenizer=tokenizer)
+        ids, cuts = await asyncio.to_thread(prompt.encode_with_cuts, tokenizer)  # long prompts: off the event loop
+        params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
+        constraint = await asyncio.to_thread(request_constraint, req, prompt, tokenizer,
+                                             params.stop_ids(tokenizer.eos_ids))
+        job = Job(ids, params, stop_strings(req), prompt.parser(), asyncio.get_running_loop(), constraint,
+                  snapshot_at=cuts, received=received)
+        header = server.header("chat", req)
+        server.submit(job)
     if req.stream:
         return StreamingResponse(_stream_chat(job, header), media_type="text/event-stream", headers=_SSE_HEADERS)
     acc = ChatAccumulator()
@@ -73,16 +74,17 @@ async def chat_completions(request: Request, server) -> Any:
 
 async def completions(request: Request, server) -> Any:
     received = time.perf_counter()
-    req = parse_request(CompletionRequest, await server.read_json(request))
-    server.check_model(req.model)
-    reject_unsupported(req)
-    tokenizer = server.require_tokenizer()
-    ids = _completion_prompt_ids(req, tokenizer, server.llm.config.n_vocab)
-    params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
-    job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop(), received=received)
-    header = server.header("text", req)
-    echo = tokenizer.decode(ids) if req.echo else ""
-    server.submit(job)
+    with server.worker.arriving():                                           # read, prepared and queued
+        req = parse_request(CompletionRequest, await server.read_json(request))
+        server.check_model(req.model)
+        reject_unsupported(req)
+        tokenizer = server.require_tokenizer()
+        ids = _completion_prompt_ids(req, tokenizer, server.llm.config.n_vocab)
+        params = sampling_params(req, _max_tokens(req, len(ids), server), server.llm.config.n_vocab)
+        job = Job(ids, params, stop_strings(req), PlainTextParser(), asyncio.get_running_loop(), received=received)
+        header = server.header("text", req)
+        echo = tokenizer.decode(ids) if req.echo else ""
+        server.submit(job)
     if req.stream:
         return StreamingResponse(_stream_text(job, header, echo), media_type="text/event-stream",
                                  headers=_SSE_HEADERS)

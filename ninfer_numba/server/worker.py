@@ -10,7 +10,9 @@ the engine's scheduler (server/batching.py) and advance together, one batched st
 runs alone through ``LLM.stream`` when it reaches the head of the line, between two batched steps, while the
 batch waits. With batch_slots = 1 every job runs alone, one after another. A cancelled job (client gone) is
 skipped if still waiting, stopped at its next token by closing the engine's generator, or has its slot freed
-before the next batched step.
+before the next batched step. Handlers mark the requests they are reading and preparing (``arriving``); an
+idle batched worker given a greedy job waits for those (ADMIT_WAIT_S at most), so that clients that come
+together are admitted together.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +38,11 @@ log = logging.getLogger("ninfer_numba.server")
 # (benchmarks/e2e/gil_handoff.py: 6.3 ms step, busy loop beside): 7.3 ms per step alone, 16.2 at 5 ms,
 # 9.2 at 0.2 ms.
 SWITCH_INTERVAL_S = 2e-4
+# An idle batched worker given a greedy job waits this long at most for the requests still being read and
+# prepared (arriving): clients that come together are then prefilled together, in one packed forward, not
+# one alone and the rest in packs that stall its decode (H200, 9B, 16 streams, session 22: admissions of
+# 1, 1, 3 and 11 prompts). A request that comes alone is not held back.
+ADMIT_WAIT_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +138,7 @@ class GenerationWorker:
         # alone (every other job)
         self._slot_places = batch_slots if self.batched is not None else 0
         self._alone_places = 1
+        self._arriving = 0                      # requests being read and prepared (arriving())
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ninfer-generation", daemon=True)
         self._thread.start()
@@ -139,6 +148,19 @@ class GenerationWorker:
         with self._wake:
             self._line.append(job)
             self._wake.notify()
+
+    @contextmanager
+    def arriving(self):
+        """Around an HTTP handler's reading and preparing of a request, up to its submit(): the idle batched
+        worker waits for such requests (ADMIT_WAIT_S at most) before it admits (_gather)."""
+        with self._wake:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._arriving -= 1
+                self._wake.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Finish what was submitted, then end the thread (waiting at most timeout seconds)."""
@@ -200,6 +222,7 @@ class GenerationWorker:
         with self._wake:
             while not self._line and not self._stopping and not (self.batched is not None and self.batched.busy):
                 self._wake.wait()
+            self._gather()
             while self._line:
                 job = self._line.popleft()
                 if job.cancelled:
@@ -211,6 +234,19 @@ class GenerationWorker:
                 self._slot_places = self.batched.places
             idle = self.batched is None or not self.batched.busy
             return _STOP if self._stopping and idle else None
+
+
+    def _gather(self) -> None:
+        """With the lock held: when the scheduler is idle and a greedy job is in the line, wait (ADMIT_WAIT_S
+        at most) while other requests are still arriving, so that a burst is admitted at once."""
+        if self.batched is None or self.batched.busy or not any(self._batchable(j) for j in self._line):
+            return
+        deadline = time.perf_counter() + ADMIT_WAIT_S
+        while self._arriving and not self._stopping:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._wake.wait(left)
 
 
 _STOP = object()

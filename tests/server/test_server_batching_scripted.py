@@ -196,3 +196,57 @@ def test_queued_counts_only_the_jobs_that_will_wait(qwen_tokenizer):
         assert worker.queued == (4 + 1) + 2
     finally:
         loop.close()
+
+
+def test_an_idle_worker_admits_requests_that_arrive_together_at_once(qwen_tokenizer):
+    """Three greedy requests whose handlers began together (worker.arriving()) are submitted 10 ms apart: the
+    idle batched worker waits for them (server/worker.py ADMIT_WAIT_S), so its first step already holds all
+    three, where it would have started on the first alone; a request that never finishes arriving holds the
+    others back ADMIT_WAIT_S at most."""
+    import asyncio
+    import time
+
+    from ninfer_numba.config import SamplingParams
+    from ninfer_numba.server.output_parser import ChatOutputParser
+    from ninfer_numba.server.worker import ADMIT_WAIT_S, GenerationWorker, Job
+    loop = asyncio.new_event_loop()
+    worker = GenerationWorker(ScriptedLLM(qwen_tokenizer), batch_slots=4)
+    sched = worker.batched.scheduler
+    first_step = []                                 # (sequences it held, when it ran)
+    real_step = sched.step
+
+    def step():
+        if not first_step:
+            first_step.append((len(sched.waiting) + len(sched.active), time.perf_counter()))
+        return real_step()
+    sched.step = step
+
+    def job() -> Job:
+        return Job(qwen_tokenizer.encode("hi"), SamplingParams(max_tokens=4, temperature=0.0), [],
+                   ChatOutputParser(start_in_reasoning=False), loop)
+    try:
+        handlers = [worker.arriving() for _ in range(3)]
+        for h in handlers:
+            h.__enter__()
+        for h in handlers:
+            worker.submit(job())
+            h.__exit__(None, None, None)
+            time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while sched.busy or not first_step:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert first_step[0][0] == 3
+        first_step.clear()
+        stuck = worker.arriving()                   # a client that never finishes sending its request
+        stuck.__enter__()
+        t0 = time.perf_counter()
+        worker.submit(job())
+        while not first_step:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert first_step[0][0] == 1 and first_step[0][1] - t0 >= 0.9 * ADMIT_WAIT_S
+        stuck.__exit__(None, None, None)
+    finally:
+        worker.stop()
+        loop.close()
