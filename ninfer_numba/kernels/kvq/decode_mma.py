@@ -26,8 +26,9 @@ codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
   end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
           empty), which rotates the split's output back as for the other partials.
 
-Loads run a tile ahead: a tile's value rows are read before its scores, the next tile's key rows and norms
-while this one's finish (ptx.py's *_ahead loads, which LLVM leaves where written). Without that the 9B step
+Loads run ahead of their use: the next tile's key rows and norms are read after this tile's scores, a
+tile's value rows before its scores, the first tile's all before the prologue (ptx.py's *_ahead loads,
+which LLVM leaves where written). Without that the 9B step
 at depth 32K spent ~53 µs more between kernels than with the f16 cache: alone, the partial's 26 MB of codes
 sit in L2; in the step they come from DRAM (H200, session 22).
 
@@ -103,6 +104,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     XK = KN * NCW                # words of my chunks of one key row
     XV = VN * NCW                # and of one value row
     XK2, XV4 = 2 * XK, 4 * XV    # a lane's words of one tile: two key rows, four value rows
+    # the first tile's value rows load before the prologue too at 3 bits; at 4 bits their 32 words beside the
+    # prologue's registers spill (ptxas sm_90a, 128 registers)
+    EARLY_V = v_bits == 3
     # 3-bit runs as 8-byte loads: my 3·NCW words start at word 3·NCW·w of a row of 3·d/32 words
     V2 = NCW % 2 == 0 and (3 * d // 32) % 2 == 0
     QF = 2 * (d // 16) * 32      # s_qf words
@@ -177,6 +181,33 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         t = lane & 3
         if split * per >= n_kv:
             return
+        mine = w < NWD                                    # warp-uniform: I have coordinates
+        xk = cuda.local.array(XK2, uint32)                 # my chunks' words of the two key rows I read
+        xv = cuda.local.array(XV4, uint32)                 # and of the four value rows
+        sh_k = uint32(2 * k_bits) * uint32(t)             # my code pair in a key group
+        sh_v = uint32(v_bits) * uint32(r)                 # my code in a value group
+        koff = uint32(KN * NCW) * uint32(w)               # my chunks' first word in a key row
+        voff = uint32(VN * NCW) * uint32(w)
+        j_end = min(n_kv, (split + 1) * per)
+        row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
+        last = uint32(row0 + uint32(j_end - 1))
+        toks = cuda.local.array(4, uint32)                # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t of a tile
+        for e in range(4):
+            toks[e] = uint32(2 * t + (e & 1) + 8 * (e >> 1))
+        # loads run a tile ahead of their use (the codes come from DRAM, ~1 µs away): a tile's rows and norms
+        # are read during the tile before it; the first tile's now, under the queries' rotation and the tables
+        r_c = uint32(row0 + uint32(split * per))
+        if mine:
+            for n in range(2):
+                row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
+                load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
+            if EARLY_V:
+                for e in range(4):
+                    row = min(uint32(r_c + toks[e]), last)
+                    load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xv, XV * e)
+        nrm = f0
+        if w == NW - 1:                                   # norm of token lane & 15 (keys: lanes < 16)
+            nrm = tile_norm(k_flat, v_flat, r_c, lane, last)
         rot = cuda.local.array(V, float32)
         for g in range(w, G, NW):                         # s_q [G, d]: the queries · signs, rotated by warps
             rotate_query(q, hk * G + g, k_signs, rot, V, lane)
@@ -191,7 +222,6 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             s_qf[2 * e] = pack_f16x2(smem[c], smem[c + 1]) if gq < G else z
             s_qf[2 * e + 1] = pack_f16x2(smem[c + 8], smem[c + 9]) if gq < G else z
         cuda.syncthreads()
-        mine = w < NWD                                    # warp-uniform: I have coordinates
         qa = cuda.local.array(QA, uint32)                 # my (a0, a2) of my warp's k-steps
         for x in range(2 * NCW):
             f = 2 * ((2 * w * NCW + x) * 32 + lane)
@@ -204,28 +234,6 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         lsum = f0                                         # and my tokens' share of its sum
         sc = cuda.local.array(4, float32)                 # head r at tokens 2t, 2t + 1, 8 + 2t, 9 + 2t
         vw = cuda.local.array(4, float32)
-        xk = cuda.local.array(XK2, uint32)                 # my chunks' words of the two key rows I read
-        xv = cuda.local.array(XV4, uint32)                 # and of the four value rows
-        sh_k = uint32(2 * k_bits) * uint32(t)             # my code pair in a key group
-        sh_v = uint32(v_bits) * uint32(r)                 # my code in a value group
-        koff = uint32(KN * NCW) * uint32(w)               # my chunks' first word in a key row
-        voff = uint32(VN * NCW) * uint32(w)
-        j_end = min(n_kv, (split + 1) * per)
-        row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
-        last = uint32(row0 + uint32(j_end - 1))
-        toks = cuda.local.array(4, uint32)                # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t of a tile
-        for e in range(4):
-            toks[e] = uint32(2 * t + (e & 1) + 8 * (e >> 1))
-        # loads run a tile ahead of their use (the codes come from DRAM, ~1 µs away): a tile's key rows and
-        # norms are read during the tile before it, its value rows before its scores
-        r_c = uint32(row0 + uint32(split * per))
-        if mine:
-            for n in range(2):
-                row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
-                load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
-        nrm = f0
-        if w == NW - 1:                                   # norm of token lane & 15 (keys: lanes < 16)
-            nrm = tile_norm(k_flat, v_flat, r_c, lane, last)
         it = uint32(0)
         for c0 in range(split * per, j_end, TILE):        # block-uniform: every warp, every tile
             r_c = uint32(row0 + uint32(c0))
@@ -233,8 +241,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             if w == NW - 1:                               # the tile's norms, scaled for their use below
                 smem[uint32(buf + uint32(NW * 128 + lane))] = nrm * (SCORE if lane < 16 else INV_SQRT_D)
                 nrm = tile_norm(k_flat, v_flat, uint32(r_c + uint32(TILE)), lane, last)
-            if mine:                                      # my chunks of the value rows of my 4 tokens
-                for e in range(4):
+            if mine and (it > uint32(0) or not EARLY_V):  # my chunks of the value rows of my 4 tokens (the
+                for e in range(4):                        # first tile's may have come before the prologue)
                     row = min(uint32(r_c + toks[e]), last)
                     load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xv, XV * e)
             sk = cuda.local.array(8, float32)             # S of tokens 8n .. 8n + 7: sk[4n .. 4n + 3]
