@@ -8,10 +8,11 @@ Ours: `ninfer serve --batch-slots B` in a subprocess (server_stream.py's deploym
 decoded together, the rest wait for a slot); after a warm-up request and a warm-up burst of min(max N,
 B) short ones (first shapes of the batched step and of packed prefills), for each N, N clients send a
 streamed chat completion at once (a prompt of about --prompt-tokens tokens each, its own text, greedy,
-ignore_eos so each generates exactly --max-tokens). Per stream as its client sees it: decode t/s ((tokens -
-1) / (last delta - first delta)); aggregate: all generated tokens / the batch's wall time (first request
-sent to last stream done, prefills included) and decode aggregate (tokens after each stream's first / from
-the earliest first token to the last token).
+ignore_eos so each generates exactly --max-tokens; every client's HTTP client is made before any request is
+sent, and the spread of the send times is reported). Per stream as its client sees it: decode t/s ((tokens
+- 1) / (last delta - first delta)), the median and the slowest; aggregate: all generated tokens / the batch's
+wall time (first request sent to last stream done, prefills included) and decode aggregate (tokens after
+each stream's first / from the earliest first token to the last token).
 llama.cpp: llama-batched-bench -npp P -ntg M -npl 1,2,... (prompts not shared, full GPU offload, flash
 attention), its S_TG (B·TG / generation time) as the aggregate and S_TG / B per stream. The binary comes
 from the llama-bench build (`python -m benchmarks.llamacpp build` builds both).
@@ -32,13 +33,18 @@ import numpy as np
 from benchmarks.e2e.server_stream import WORDS, chat_deltas, running_server
 
 
-def stream_chat(url: str, model: str, text: str, max_tokens: int) -> dict:
-    """One streamed chat completion of exactly max_tokens tokens; client-side time stamps."""
+def stream_chat(url: str, model: str, text: str, max_tokens: int, ready: threading.Barrier | None = None) -> dict:
+    """One streamed chat completion of exactly max_tokens tokens; client-side time stamps. With ``ready``, the
+    request goes out once every client of the batch is made: an httpx client takes ~10-30 ms of the GIL to
+    make (its TLS context), so 16 threads making theirs as they start sent their requests over ~0.1-0.3 s, and
+    the batch's wall time counted that setup."""
     import httpx
     body = dict(model=model, messages=[{"role": "user", "content": text}], max_tokens=max_tokens,
                 temperature=0.0, ignore_eos=True, stream=True, stream_options={"include_usage": True})
-    t0 = time.perf_counter()
     with httpx.Client(base_url=url, timeout=3600) as http:
+        if ready is not None:
+            ready.wait(timeout=120)
+        t0 = time.perf_counter()
         deltas, usage = chat_deltas(http, body)
     stamps = [t for t, d in deltas if d.get("content") or d.get("reasoning_content")]
     return {"start": t0, "first": stamps[0] if stamps else float("nan"), "last": stamps[-1] if stamps else t0,
@@ -46,12 +52,14 @@ def stream_chat(url: str, model: str, text: str, max_tokens: int) -> dict:
 
 
 def run_batch(url: str, model: str, texts: list[str], max_tokens: int) -> dict:
-    """len(texts) streams at once: per-stream decode t/s and the batch's aggregates."""
+    """len(texts) streams at once (every client made, then every request sent): per-stream decode t/s, the
+    batch's aggregates, and the spread of the requests' send times."""
     results: list[dict | BaseException] = [None] * len(texts)
+    ready = threading.Barrier(len(texts))
 
     def one(i: int) -> None:
         try:
-            results[i] = stream_chat(url, model, texts[i], max_tokens)
+            results[i] = stream_chat(url, model, texts[i], max_tokens, ready)
         except BaseException as e:                      # noqa: BLE001 (reported below, not swallowed)
             results[i] = e
 
@@ -71,7 +79,8 @@ def run_batch(url: str, model: str, texts: list[str], max_tokens: int) -> dict:
             "per_stream_tps": per, "median_stream_tps": statistics.median(per) if per else float("nan"),
             "aggregate_tps": tokens / wall,
             "decode_aggregate_tps": (tokens - len(results)) / decode_span if decode_span > 0 else float("nan"),
-            "wall_s": wall}
+            "slowest_stream_tps": min(per) if per else float("nan"),
+            "wall_s": wall, "send_spread_s": max(r["start"] for r in results) - min(r["start"] for r in results)}
 
 
 def ours(a, log) -> list[dict]:
@@ -94,7 +103,8 @@ def ours(a, log) -> list[dict]:
         for n in streams:
             row = run_batch(url, model, [text() for _ in range(n)], a.max_tokens)
             log(f"ours, {n} streams: aggregate {row['aggregate_tps']:.1f} t/s (decode "
-                f"{row['decode_aggregate_tps']:.1f}), median stream {row['median_stream_tps']:.1f} t/s")
+                f"{row['decode_aggregate_tps']:.1f}), median stream {row['median_stream_tps']:.1f} t/s, slowest "
+                f"{row['slowest_stream_tps']:.1f}; requests sent within {row['send_spread_s'] * 1e3:.1f} ms")
             rows.append(row)
         return rows
 

@@ -23,6 +23,8 @@ def test_streams_at_once_on_the_tiny_model(tmp_path, capsys):
     for r in report["ours"]:
         assert r["tokens"] == 5 * r["streams"] and len(r["per_stream_tps"]) == r["streams"]
         assert r["aggregate_tps"] > 0 and r["wall_s"] > 0
+        # every client is made before any request goes out: the sends are ms apart, not a client's setup
+        assert 0 <= r["send_spread_s"] < 0.05 and 0 < r["slowest_stream_tps"] <= r["median_stream_tps"]
     printed = capsys.readouterr().out
     assert "| 1 |" in printed and "| 3 |" in printed
 
