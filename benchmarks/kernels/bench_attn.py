@@ -13,7 +13,8 @@ random codes, beside attention_decode's f16 rows above; rows kvq_decode_<type>_t
 partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process, rows *_mma the third
 (kernels/kvq/decode_mma.py, tensor cores). kvq_prefill: the
 tensor-core prefill over coded caches (kernels/kvq/prefill.py: tiles decoded from the codes; the queries'
-rotation included) beside the float16 one (prefill_mma, 4 warps) on the same lengths.
+rotation included) beside the float16 one (prefill_mma, 4 warps) on the same lengths. rope also times the
+decode step's launch (T = 1) into an f16 and a k3v3 cache with blocks of 64, 128 and 256 threads.
 """
 from __future__ import annotations
 
@@ -71,6 +72,30 @@ def bench_rope(H, Hkv, d, rng):
         ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
         rows.append(dict(kernel="qk_norm_rope_store", T=T, us=ms * 1e3, GBs=nbytes / ms / 1e6,
                          pct=100 * nbytes / ms / 1e6 / COPY_GBS, ceiling="copy 4.25 TB/s"))
+    return rows + bench_rope_step(H, Hkv, d, rng)
+
+
+def bench_rope_step(H, Hkv, d, rng, max_seq=64):
+    """The decode step's rope kernel (T = 1) storing into an f16 cache and coding into a k3v3 one, with blocks
+    of 64 (the default), 128 and 256 threads: a latency-bound launch of H + 2·Hkv blocks whose coded key
+    blocks are the longest (rows *_t<threads>)."""
+    rows = []
+    proj = _rand((1, 2 * d * H + 2 * d * Hkv), np.float32, rng)
+    w = _rand(d, np.float32, rng)
+    q = cuda.device_array((1, H, d), np.float32)
+    pos0 = cuda.to_device(np.array([max_seq // 2], np.int32))
+    f16 = [cuda.device_array((Hkv, max_seq, d), np.float16) for _ in range(2)]
+    tab = KvqTables(d, 3, 1)
+    coded = [tab.role(cuda.device_array((Hkv, max_seq, d * 3 // 8), np.uint8),
+                      cuda.device_array((Hkv, max_seq), np.uint16)) for _ in range(2)]
+    for kind, (kc, vc) in (("f16", f16), ("k3v3", coded)):
+        for threads in (64, 128, 256):
+            def launch(stream, kc=kc, vc=vc, threads=threads):
+                qk_norm_rope_store(proj, w, w, pos0, q, kc, vc, H=H, Hkv=Hkv, n_rot=min(64, d), base=1e7,
+                                   eps=1e-6, threads=threads, stream=stream)
+            ms = time_graph(launch, n_inner=20, reps=10).median_ms
+            rows.append(dict(kernel=f"rope_step_{kind}_t{threads}", T=1, us=ms * 1e3, pct=float("nan"),
+                             ceiling="latency"))
     return rows
 
 

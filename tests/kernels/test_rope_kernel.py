@@ -112,12 +112,27 @@ def test_norm_rope_codes_a_coded_cache(k_bits, v_bits, d):
     queries, and codes and norms equal to kvq_append's on those float16 rows (the coder is shared: every
     code, every norm bit, though the rope kernel's 64 threads hold d = 256 in registers, shuffles and
     shared memory where kvq_append's 256 hold one coordinate each), at rows pos0..pos0+T-1 only."""
+    _check_coded_cache(k_bits, v_bits, d, 64)
+
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+@pytest.mark.parametrize("threads", [32, 128, 256])
+def test_norm_rope_codes_with_any_block_size(threads):
+    """The same with blocks of 32 (8 coordinates a thread), 128 and 256 (one each) at d = 256, against the
+    float16 cache made with the same block size (the sums of squares run in another order)."""
+    _check_coded_cache(3, 3, 256, threads)
+    with pytest.raises(ValueError, match="power of two"):
+        _check_coded_cache(3, 3, 256, 96)
+
+
+def _check_coded_cache(k_bits, v_bits, d, threads):
     from ninfer_numba.kernels.kvq.append import KvqTables, kvq_append
     T, H, Hkv, n_rot, pos0, max_seq = (3, 2, 2, 16, 4, 9) if d == 32 else (1, 1, 1, 64, 4, 6)
     rng = np.random.default_rng(8)
     proj = cuda.to_device((rng.standard_normal((T, 2 * d * H + 2 * d * Hkv)) * 2).astype(np.float32))
     qw, kw = [cuda.to_device((1 + 0.2 * rng.standard_normal(d)).astype(np.float32)) for _ in range(2)]
-    rope = dict(H=H, Hkv=Hkv, n_rot=n_rot, base=1e7, eps=1e-6)
+    rope = dict(H=H, Hkv=Hkv, n_rot=n_rot, base=1e7, eps=1e-6, threads=threads)
     pos = cuda.to_device(np.array([pos0], np.int32))
     f16 = [cuda.to_device(np.full((Hkv, max_seq, d), np.nan, np.float16)) for _ in range(2)]
     q = [cuda.to_device(np.zeros((T, H, d), np.float32)) for _ in range(2)]

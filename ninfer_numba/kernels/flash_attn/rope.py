@@ -23,7 +23,7 @@ import numpy as np
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.numba_env import cuda
 
-NORM_TPB = 64          # threads per block; a head of d = 256 gives 4 elements per thread
+NORM_TPB = 64          # threads per block by default; a head of d = 256 gives 4 elements per thread
 MAX_D = 512            # largest head dim held in shared memory
 
 
@@ -48,13 +48,13 @@ def _f16_store_hooks():
     return scratch, rows, store, finish, finish
 
 
-def _coded_store_hooks(D: int, k_bits: int, v_bits: int):
-    """The same for a coded cache (roles' tuples): each thread puts its own elements (tid + NORM_TPB·c) in
-    shared memory, then the block codes the row from them (row_coder: no barrier needed before; finish_*
-    is reached by the whole block)."""
+def _coded_store_hooks(D: int, k_bits: int, v_bits: int, tpb: int):
+    """The same for a coded cache (roles' tuples): each thread puts its own elements (tid + tpb·c) in shared
+    memory, then the block codes the row from them (row_coder: no barrier needed before; finish_* is
+    reached by the whole block)."""
     from ninfer_numba.kernels.kvq.append import put_coordinate, row_coder
-    scratch, code_k = row_coder(D, k_bits, NORM_TPB)
-    _, code_v = row_coder(D, v_bits, NORM_TPB)
+    scratch, code_k = row_coder(D, k_bits, tpb)
+    _, code_v = row_coder(D, v_bits, tpb)
 
     @cuda.jit(device=True, inline=True)
     def rows(cache):
@@ -74,16 +74,17 @@ def _coded_store_hooks(D: int, k_bits: int, v_bits: int):
 
 
 @lru_cache(maxsize=None)
-def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False, coded: tuple | None = None):
+def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = False, coded: tuple | None = None,
+                      tpb: int = NORM_TPB):
     """Kernel specialised on the head counts and dims (compile-time constants: loops unroll). batched: row t
     is a sequence of its own at position pos_buf[t] with its KV heads in cache slot slots[t]; else the rows
     are consecutive tokens of one sequence from pos_buf[0] (slots unread). coded: (key bits, value bits) of
-    a coded cache, whose roles' tuples come in place of k_cache and v_cache."""
+    a coded cache, whose roles' tuples come in place of k_cache and v_cache. tpb: threads per block."""
     scratch, rows, store, finish_k, finish_v = (_f16_store_hooks() if coded is None
-                                                else _coded_store_hooks(D, *coded))
+                                                else _coded_store_hooks(D, *coded, tpb))
     HALF = n_rot // 2
     NQG = 2 * D * H                                # proj columns of the interleaved q|gate blocks
-    PER_THREAD = (D + NORM_TPB - 1) // NORM_TPB
+    PER_THREAD = (D + tpb - 1) // tpb
 
     @cached_jit()
     def kernel(proj, q_norm_w, k_norm_w, pos0_buf, slots, q_out, k_cache, v_cache, neg2_log_base_over_rot, eps):
@@ -92,7 +93,7 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
         tid = cuda.threadIdx.x
         sh = scratch()                                         # a coded row's shared arrays (f16: none)
         s_x = cuda.shared.array(MAX_D, np.float32)            # [D] normalised head, read by RoPE partners
-        s_red = cuda.shared.array(NORM_TPB, np.float32)       # [TPB] partial sums of squares
+        s_red = cuda.shared.array(tpb, np.float32)            # [tpb] partial sums of squares
         if batched:
             pos = pos0_buf[t]
             kv0 = slots[t] * Hkv                               # the row's sequence's first KV head
@@ -104,7 +105,7 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
             kh = slot - H - Hkv
             if pos < max_seq:
                 for c in range(PER_THREAD):
-                    i = tid + c * NORM_TPB
+                    i = tid + c * tpb
                     if i < D:
                         store(v_cache, sh, kv0 + kh, pos, i, proj[t, NQG + D * Hkv + kh * D + i])
                 finish_v(v_cache, sh, kv0 + kh, pos, tid)
@@ -115,28 +116,28 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
             col0 = NQG + (slot - H) * D
         acc = np.float32(0.0)
         for c in range(PER_THREAD):
-            i = tid + c * NORM_TPB
+            i = tid + c * tpb
             if i < D:
                 x = proj[t, col0 + i]
                 s_x[i] = x
                 acc += x * x
         s_red[tid] = acc
         cuda.syncthreads()
-        step = NORM_TPB // 2
-        while step > 0:                                        # tree reduction, NORM_TPB is a power of 2
+        step = tpb // 2
+        while step > 0:                                        # tree reduction, tpb is a power of 2
             if tid < step:
                 s_red[tid] += s_red[tid + step]
             cuda.syncthreads()
             step //= 2
         scale = np.float32(1.0) / math.sqrt(s_red[0] / np.float32(D) + eps)
         for c in range(PER_THREAD):
-            i = tid + c * NORM_TPB
+            i = tid + c * tpb
             if i < D:
                 w = q_norm_w[i] if slot < H else k_norm_w[i]
                 s_x[i] = s_x[i] * scale * w
         cuda.syncthreads()                                     # RoPE reads the partner element
         for c in range(PER_THREAD):
-            i = tid + c * NORM_TPB
+            i = tid + c * tpb
             if i < D:
                 y = s_x[i]
                 if i < n_rot:
@@ -159,7 +160,8 @@ def _norm_rope_kernel(H: int, Hkv: int, D: int, n_rot: int, batched: bool = Fals
 
 
 def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cache, *, H: int, Hkv: int,
-                       n_rot: int, base: float, eps: float, slots=None, stream=0) -> None:
+                       n_rot: int, base: float, eps: float, slots=None, threads: int = NORM_TPB,
+                       stream=0) -> None:
     """QK-norm + RoPE for T new tokens, queries to q_out, keys and values into the caches.
 
     proj:     [T, 2·d·H + 2·d·Hkv] float32, columns q_0|g_0|...|q_{H-1}|g_{H-1}|k|v (ref.py docstring)
@@ -173,6 +175,8 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
               [Hkv, max_seq] uint16, signs, thresholds): the rows coded there (one sequence only)
     slots:    None (the T rows are consecutive tokens of one sequence), or [T] int32: a batched decode step,
               one token of each of T sequences
+    threads:  threads per block, a power of two from 32 to 1024 (the sums of squares, and a coded row's
+              rotation, run in another order, so outputs may differ in float32 rounding between sizes)
     Rows whose position is ≥ max_seq are not stored (the caller validates the context length).
     """
     T = proj.shape[0]
@@ -181,6 +185,8 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
         return
     if D > MAX_D or n_rot > D or n_rot % 2:
         raise ValueError(f"unsupported head dim {D} / n_rot {n_rot} (need even n_rot <= d <= {MAX_D})")
+    if threads & (threads - 1) or not 32 <= threads <= 1024:
+        raise ValueError(f"threads must be a power of two from 32 to 1024, not {threads}")
     batched = slots is not None
     if batched and (slots.shape[0] != T or pos0_buf.shape[0] != T):
         raise ValueError(f"batched rows: proj has {T}, slots {slots.shape[0]}, positions {pos0_buf.shape[0]}")
@@ -189,8 +195,8 @@ def qk_norm_rope_store(proj, q_norm_w, k_norm_w, pos0_buf, q_out, k_cache, v_cac
         coded = (k_cache[0].shape[2] * 8 // D, v_cache[0].shape[2] * 8 // D)
         if batched or D & (D - 1):
             raise ValueError(f"a coded cache takes one sequence's rows and a power-of-two head dim (d={D})")
-    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched, coded)
+    kernel = _norm_rope_kernel(H, Hkv, D, n_rot, batched, coded, threads)
     neg2_log_base_over_rot = -2.0 * math.log(base) / n_rot     # inv_freq(i) = exp(i · this)
-    kernel[(T, H + 2 * Hkv), NORM_TPB, stream](proj, q_norm_w, k_norm_w, pos0_buf, pos0_buf if slots is None
+    kernel[(T, H + 2 * Hkv), threads, stream](proj, q_norm_w, k_norm_w, pos0_buf, pos0_buf if slots is None
                                                else slots, q_out, k_cache, v_cache, neg2_log_base_over_rot,
                                                np.float32(eps))
