@@ -274,9 +274,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 sc[2] += s2
                 sc[3] += s3
             mx = NEG_INF
+            lim = uint32(min(j_end - c0, TILE))           # the tile's tokens before the split's end (>= 1)
             for e in range(4):
-                sc[e] = (sc[e] * smem[uint32(buf + uint32(NW * 128) + toks[e])] if c0 + toks[e] < j_end
-                         else NEG_INF)
+                sc[e] = sc[e] * smem[uint32(buf + uint32(NW * 128) + toks[e])] if toks[e] < lim else NEG_INF
                 vw[e] = smem[uint32(buf + uint32(NW * 128 + 16) + toks[e])]
                 mx = max(mx, sc[e])
             it += uint32(1)
@@ -288,10 +288,10 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 for x in range(NO):
                     o[x] *= alpha
                 m = mx
-            for e in range(4):
-                p = math.exp2(sc[e] - m)                  # 0 past j_end (score -inf)
+            for e in range(4):                            # p = 0 past j_end (score -inf): m is finite from
+                p = math.exp2(sc[e] - m)                  # the first tile on (its token 0 counts in mx)
                 lsum += p
-                vw[e] = p * vw[e] if sc[e] != NEG_INF else f0
+                vw[e] = p * vw[e]
             pa0 = pack_f16x2(vw[0], vw[1])
             pa2 = pack_f16x2(vw[2], vw[3])
             if mine:
