@@ -51,9 +51,10 @@
 #               concurrency (STREAMS, default 1,16) with --no-pack-prompts and without, and prefix_gate (9B with
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
 #   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, the three decode partials, the model),
-#               bench_attn's f16 and coded-cache decode rows (lanes, tokens, mma), our decode at depth 32K
-#               with f16 and k3v3 with --kvq-partial lanes, tokens and mma, then decode_profile of k3v3
-#               at 32K with the lanes and mma partials, in what is left of DEADLINE (570) s
+#               bench_attn's rope rows (the step's launch at 64/128/256 threads) and f16 and coded-cache
+#               decode rows (lanes, tokens, mma), our decode at depth 32K with f16, k3v3 (auto) and k3v3
+#               with the tokens partial, then decode_profile of k3v3 at 32K, and of f16 and k3v3 with every
+#               kernel after an L2 flush (--cold), in what is left of DEADLINE (570) s
 #   STAGE=kv_llamacpp: llama.cpp built and the 9b file (the coded-cache GPU tests meanwhile), then the decode
 #               at depth 32K of ours with k3v3 beside llama.cpp's q8_0 cache, and ours with f16 beside its q4_0
 #               (issue 14's speed gate; records in $OUT/kv_llamacpp.tgz), then decode_profile of k3v3 at 32K
@@ -82,11 +83,11 @@ coded_gpu_tests() {
     tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
 }
 # decode_profile of the 9b file at depth 32K with a coded cache and partial (DEADLINE-bounded, at most 80 s)
-kvq_profile() {   # kv type, partial
-  local secs=$(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 ))
+kvq_profile() {   # kv type, partial [--cold: every kernel after an L2 flush]
+  local secs=$(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )) tag=$1_$2${3:+_cold}
   timeout $(( secs < 80 ? secs : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \
-    --depth 32768 --kv-type $1 --kvq-partial $2 --out "$OUT/profile_$1_$2.json" > "$OUT/logs/profile_$1_$2.log" 2>&1
-  say "decode profile $1 ($2 partial) at 32K (exit $?):"; grep -v "^WARNING" "$OUT/logs/profile_$1_$2.log" | head -12
+    --depth 32768 --kv-type $1 --kvq-partial $2 ${3:-} --out "$OUT/profile_$tag.json" > "$OUT/logs/profile_$tag.log" 2>&1
+  say "decode profile $1 ($2 partial${3:+, cold L2}) at 32K (exit $?):"; grep -v "^WARNING" "$OUT/logs/profile_$tag.log" | head -12
 }
 case "${STAGE:-decode_accept}" in
 decode_accept)
@@ -347,12 +348,14 @@ kvq_variants)
   python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
   gen=$!
   coded_gpu_tests 150 6
-  timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
+  timeout 120 python3 -m benchmarks.kernels.bench_attn --model 9b --only rope,decode,kvq \
     --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
-  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
+  say "bench_attn rope and decode (exit $?):"; grep -E "decode|rope_step" "$OUT/logs/bench_attn.log"
   wait $gen
-  kv_decode_bench f16 k3v3:lanes k3v3:tokens k3v3:mma
-  for partial in lanes mma; do kvq_profile k3v3 $partial; done
+  kv_decode_bench f16 k3v3 k3v3:tokens
+  kvq_profile k3v3 auto
+  kvq_profile f16 auto --cold
+  kvq_profile k3v3 auto --cold
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kv_llamacpp)
