@@ -26,6 +26,7 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
 - ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``, ``shfl_xor_f64(v, lane_mask)``: butterfly
   shuffle over the full warp (f64: two 32-bit shuffles);
   ``shfl_idx_f32(v, src_lane)``: every lane receives lane src_lane's v.
+- ``vote_any(pred)``: True in every lane when pred is true in any lane of the full warp.
 - ``syncwarp()``: ``bar.warp.sync`` over the full warp (shared-memory writes of each lane visible to all).
 - ``griddep_wait()``, ``griddep_launch_dependents()``: ``griddepcontrol.wait`` / ``.launch_dependents``
   (programmatic dependent launch, kernels/pdl.py); nothing when compiling for a GPU before sm_90.
@@ -296,6 +297,10 @@ def _make_intrinsics():
         return cuda.shfl_sync(FULL_MASK, v, src_lane)
 
     @cuda.jit(device=True, inline=True)
+    def vote_any(pred):
+        return cuda.any_sync(FULL_MASK, pred)
+
+    @cuda.jit(device=True, inline=True)
     def syncwarp():
         cuda.syncwarp(FULL_MASK)
 
@@ -313,7 +318,7 @@ def _make_intrinsics():
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
             shfl_idx_f32, syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"),
-            ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead, ldg_nc_u16_ahead)
+            ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead, ldg_nc_u16_ahead, vote_any)
 
 
 if SIMULATOR:
@@ -322,5 +327,5 @@ if SIMULATOR:
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
  cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
  shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents, ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead,
- ldg_nc_u16_ahead) = (
+ ldg_nc_u16_ahead, vote_any) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

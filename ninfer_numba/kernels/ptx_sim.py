@@ -245,6 +245,11 @@ def _make_fallbacks():
         return np.float32(vals[src_lane])
 
     @cuda.jit(device=True)
+    def vote_any(pred):
+        lane, vals = _warp_collective(bool(pred), list)
+        return any(vals)
+
+    @cuda.jit(device=True)
     def syncwarp():
         _warp_collective(0, len)
 
@@ -254,7 +259,8 @@ def _make_fallbacks():
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
-            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing, ldg_nc_v4_u32, ldg_nc_v2_u32, ldg_u16)
+            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing, ldg_nc_v4_u32, ldg_nc_v2_u32, ldg_u16,
+            vote_any)
 
 
 def install_simulator_patches():

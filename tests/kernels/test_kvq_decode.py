@@ -156,8 +156,8 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
     ptx, _ = cuda.compile_ptx(partial.py_func, sig, cc=(9, 0, "a"), launch_bounds=(decode.TPB, 4))
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx   # programmatic launch
-    if variant == "mma":                # per tile, 2 × 4 key products and 8 value ones of the warp's quarter
-        assert ptx.count("mma.sync.aligned.m16n8k16") == 16
+    if variant == "mma":                # per tile, 4 key products (16 tokens) and 4 value ones (16 coordinates)
+        assert ptx.count("mma.sync.aligned.m16n8k16") == 8
         # the code loads stay where they are written (ptx.py *_ahead): the first tile's key rows before the
         # loop, every tile's next key rows and its value rows in it; LLVM folds sinkable ones into one
         # load at the loop head, next to the use

@@ -60,7 +60,7 @@ from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32
 # 28.2 / 22.8); other 3/4-bit caches the token-lane partial from this capacity on (bench_attn session 19:
 # tokens 32.5 / 50.2 µs at 8K / 32K against lanes 28.4 / 61.2), else lanes
 TOKENS_FROM = 16384
-MMA_MAX_GROUP = 8           # query heads per KV head the mma partial takes (the rows of one mma)
+MMA_MAX_GROUP = 8           # query heads per KV head the mma partial takes (the columns of one mma)
 NW = 4                      # warps per partial block
 TPB = 32 * NW
 NEG_INF = float32(-np.inf)

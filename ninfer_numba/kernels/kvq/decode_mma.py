@@ -8,35 +8,40 @@ operands, fp32 accumulators: kernels/flash_attn/mma_f16.py's fragment layouts). 
 tiles of 16 consecutive tokens; its NW warps split the coordinates (warp w: 64 of d = 256, chunks of 32
 codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
 
-  keys    S [16 heads × 8 tokens] = Q [16 × d] · K^T, twice per tile (tokens 0-7, 8-15), over my warp's
-          coordinates (4 k-steps at d = 256). A is the rotated queries, head r in row r (rows >= G zero),
-          fixed for the block: packed once in fragment order (s_qf) and held in registers. B's column r is
-          token r of the half: lane (r, t) needs coordinates 16s + 2t, +1 and 16s + 8 + 2t, +1 of that
-          token's key row, i.e. one pair of adjacent codes from each 8-code group (bits 6t.. of a 24-bit
-          group, byte t of a 4-bit word), looked up as a ready f16 pair in a table of the 64 (256) pairs.
-          The warps' shares of S meet in shared memory (s_s, double-buffered: one barrier a tile).
-  softmax S leaves head r's scores of tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) in lane (r, t): every warp
-          sums the shares in the same order and runs the same online softmax (maximum and sum per head by
-          two shuffles over t), so all hold the same maximum and weights; p · n_v / sqrt(d) packs straight
-          into the A fragment of the values' product (FlashAttention-2's register reuse).
-  values  O [16 heads × 8 coordinates] += P [16 × 16 tokens] · V for my warp's 8 tiles of 8 coordinates.
-          B's column r is coordinate 8b + r: lane (r, t) takes code r of group b of the value rows of
-          tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) and looks the two tokens' codes up as one f16 pair (the
-          reduction runs over tokens); O[r, 8b + 2t], +1 stay in registers (rows >= G are padding).
+  keys    S [16 tokens × 8 heads] = K · Q^T over my warp's coordinates (4 k-steps at d = 256), one mma per
+          k-step. B is the rotated queries, head r in column r (columns >= G zero), fixed for the block:
+          packed once in fragment order (s_qf) and held in registers. A's rows are the tile's tokens: lane
+          (r, t) holds coordinates 16s + 2t, +1 and 16s + 8 + 2t, +1 of the key rows of tokens r and 8 + r,
+          i.e. one pair of adjacent codes from each 8-code group (bits 6t.. of a 24-bit group, byte t of a
+          4-bit word), each looked up as a ready f16 pair in a table of the 64 (256) pairs. Every A row is a
+          token, so no operand register is padding. The warps' shares of S meet in shared memory (s_s,
+          double-buffered: one barrier a tile), written [head][token] in the order the softmax reads them.
+  softmax lane (r, t) reads head r's scores of tokens 2t, 2t + 1, 8 + 2t, 9 + 2t (one 16-byte load a share):
+          every warp sums the shares in the same order and runs the same online softmax (maximum and sum per
+          head by two shuffles over t), so all hold the same maximum and weights; p · n_v / sqrt(d) packs
+          straight into the B fragment of the values' product (FlashAttention-2's register reuse). A grown
+          maximum rescales O where any head's grew (vote), the two heads' factors a lane's outputs need
+          fetched by two shuffles.
+  values  O^T [16 coordinates × 8 heads] += V^T [16 × 16 tokens] · P^T for my warp's 4 tiles of 16
+          coordinates. A's rows are coordinates 16b + r and 16b + 8 + r: lane (r, t) takes code r of two
+          groups of the value rows of tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) and looks each two tokens' codes
+          up as one f16 pair (the reduction runs over tokens); O[heads 2t, 2t + 1] at those coordinates stay
+          in registers (heads >= G are padding).
   end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
           empty), which rotates the split's output back as for the other partials.
 
 Loads run ahead of their use: the next tile's key rows and norms are read after this tile's scores, a
 tile's value rows before its scores, the first tile's all before the prologue (ptx.py's *_ahead loads,
-which LLVM leaves where written). Without that the 9B step
-at depth 32K spent ~53 µs more between kernels than with the f16 cache: alone, the partial's 26 MB of codes
-sit in L2; in the step they come from DRAM (H200, session 22).
+which LLVM leaves where written). Without that the 9B step at depth 32K spent ~53 µs more between kernels
+than with the f16 cache: alone, the partial's 26 MB of codes sit in L2; in the step they come from DRAM
+(H200, session 22).
 
-Offline sm_90a (9B shape): 121 (k3v3), 125 (k4v3), 128 (k4v4) registers, no local memory, ~512 SASS a warp
-a tile: ~122 per (token, KV head) against ~148 for the token-lane partial; the tensor cores' share is small
-(16 mma a warp a tile). 3 and 4 bits only, up to 8 query heads per KV head (the rows of one mma).
+Offline sm_90a (9B shape): 118 (k3v3), 120 (k4v3), 128 (k4v4) registers, no local memory, 587 SASS in the
+main loop (8 mma a warp a tile). Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42
+register moves a tile: ptxas rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only,
+up to 8 query heads per KV head (the columns of one mma).
 
-Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 32, 4] | s_ml [NW, G, 2]
+Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 8, 16] | s_ml [NW, G, 2]
 | s_a [NW, G, d] (dynamic), plus static s_qf [d/16, 32, 2] u32 and the key and value pair tables [256] u32.
 """
 from __future__ import annotations
@@ -56,12 +61,13 @@ from ninfer_numba.kernels.kvq.decode import (MMA_MAX_GROUP, NEG_INF, NW, TPB, bl
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
-from ninfer_numba.kernels.ptx import ldg_nc_u16_ahead, ldg_nc_v2_u32_ahead, ldg_nc_v4_u32_ahead, shfl_xor_f32
+from ninfer_numba.kernels.ptx import (ldg_nc_u16_ahead, ldg_nc_v2_u32_ahead, ldg_nc_v4_u32_ahead, shfl_idx_f32,
+                                      shfl_xor_f32, vote_any)
 from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
 
 TILE = 16                   # tokens per tile: the k dimension of the values' mma
 STEP = TILE                 # a split's keys are whole tiles (every warp walks every tile)
-MAX_G = MMA_MAX_GROUP       # query heads per KV head: the A rows of one mma that are not padding
+MAX_G = MMA_MAX_GROUP       # query heads per KV head: the B columns of one mma that are not padding
 
 
 def warp_coordinates(d: int) -> int:
@@ -70,13 +76,13 @@ def warp_coordinates(d: int) -> int:
     return max(32, d // NW)
 
 
-SHARE = NW * 32 * 4 + 32     # words of one s_s buffer: the warps' score shares, then the tile's 32 norms
+SHARE = NW * 8 * 16 + 32     # words of one s_s buffer: the warps' score shares, then the tile's 32 norms
 
 
 def smem_words(G: int, d: int) -> tuple[int, ...]:
     """(offsets of s_q, s_s, s_ml, s_a; total words) of the partial's dynamic shared memory; s_s [2, SHARE]
-    holds each warp's share of a tile's scores [NW, 32, 4] and the tile's key and value norms [2, 16],
-    double-buffered (one barrier per tile)."""
+    holds each warp's share of a tile's scores [NW, 8 heads, 16 tokens] and the tile's key and value norms
+    [2, 16], double-buffered (one barrier per tile)."""
     off_q = 0
     off_s = off_q + G * d
     off_ml = off_s + 2 * SHARE
@@ -97,7 +103,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     CPW = warp_coordinates(d)    # a warp's coordinates: CPW / 32 chunks of 32
     NWD = d // CPW               # warps with coordinates
     NCW = CPW // 32              # chunks per warp: 2 k-steps of keys, 4 output tiles of values each
-    NO = 2 * (CPW // 8)          # a lane's output registers: 2 per 8-coordinate tile
+    NO = 4 * (CPW // 16)         # a lane's output registers: 4 per 16-coordinate tile
     QA = 4 * NCW                 # a lane's query fragment registers: 2 per k-step of its warp
     KN = 4 if k_bits == 4 else 3  # words per chunk of a key row
     VN = 4 if v_bits == 4 else 3
@@ -222,12 +228,12 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             s_qf[2 * e] = pack_f16x2(smem[c], smem[c + 1]) if gq < G else z
             s_qf[2 * e + 1] = pack_f16x2(smem[c + 8], smem[c + 9]) if gq < G else z
         cuda.syncthreads()
-        qa = cuda.local.array(QA, uint32)                 # my (a0, a2) of my warp's k-steps
+        qa = cuda.local.array(QA, uint32)                 # my (b0, b1) of my warp's k-steps: head r's queries
         for x in range(2 * NCW):
             f = 2 * ((2 * w * NCW + x) * 32 + lane)
             qa[2 * x] = s_qf[f] if mine else z
             qa[2 * x + 1] = s_qf[f + 1] if mine else z
-        o = cuda.local.array(NO, float32)                 # O[r, 8b + 2t], +1 of my warp's output tiles b
+        o = cuda.local.array(NO, float32)                 # O[2t, 2t + 1][16b + r, 16b + 8 + r] of my tiles b
         for x in range(NO):
             o[x] = f0
         m = NEG_INF                                       # head r's running maximum (log2 domain)
@@ -245,25 +251,30 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 for e in range(4):                        # first tile's may have come before the prologue)
                     row = min(uint32(r_c + toks[e]), last)
                     load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xv, XV * e)
-            sk = cuda.local.array(8, float32)             # S of tokens 8n .. 8n + 7: sk[4n .. 4n + 3]
-            for x in range(8):
+            sk = cuda.local.array(4, float32)             # S[token r, r + 8][head 2t, 2t + 1], my coordinates
+            for x in range(4):
                 sk[x] = f0
-            if mine:                                      # my coordinates' share, both halves' chains
-                for x in range(2 * NCW):                  # interleaved; k-steps: 2 per chunk
-                    for n in range(2):
+            ka = cuda.local.array(4, uint32)              # A: key rows r, r + 8 at a k-step's 16 coordinates
+            if mine:
+                for x in range(2 * NCW):                  # k-steps: 2 per chunk
+                    for n in range(2):                    # tokens r (n = 0) and 8 + r (n = 1)
                         c = XK * n + KN * (x >> 1)
-                        b0 = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
-                        b1 = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
-                                                  << 2))
-                        sk[4 * n], sk[4 * n + 1], sk[4 * n + 2], sk[4 * n + 3] = mma_f16_16816(
-                            qa[2 * x], z, qa[2 * x + 1], z, b0, b1, sk[4 * n], sk[4 * n + 1], sk[4 * n + 2],
-                            sk[4 * n + 3])
+                        ka[n] = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
+                        ka[2 + n] = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
+                                                         << 2))
+                    sk[0], sk[1], sk[2], sk[3] = mma_f16_16816(ka[0], ka[1], ka[2], ka[3], qa[2 * x], qa[2 * x + 1],
+                                                               sk[0], sk[1], sk[2], sk[3])
                 for n in range(2):                        # the next tile's key rows (past the split: the last)
                     row = min(uint32(r_c + uint32(TILE + 8 * n) + uint32(r)), last)
                     load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
-            for n in range(2):
-                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n))] = sk[4 * n]
-                smem[uint32(buf + uint32(128 * w + 4 * lane + 2 * n + 1))] = sk[4 * n + 1]
+            # my share as [head][token at 4·((k & 7) >> 1) + (k & 1) + 2·(k >> 3)]: lane (r, t) reads head r's
+            # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t as one 16-byte load
+            at = uint32(buf + uint32(128 * w) + uint32(32) * uint32(t) + uint32(4) * (uint32(r) >> uint32(1))
+                        + (uint32(r) & uint32(1)))
+            smem[at] = sk[0]
+            smem[uint32(at + uint32(16))] = sk[1]
+            smem[uint32(at + uint32(2))] = sk[2]
+            smem[uint32(at + uint32(18))] = sk[3]
             cuda.syncthreads()                            # every warp's share and the norms are in
             for e in range(4):
                 sc[e] = f0
@@ -282,12 +293,15 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             it += uint32(1)
             mx = max(mx, shfl_xor_f32(mx, 1))             # over the 4 lanes of head r: the tile's 16 tokens
             mx = max(mx, shfl_xor_f32(mx, 2))
-            if mx > m:                                    # uniform over head r's lanes
-                alpha = math.exp2(m - mx)
+            if vote_any(mx > m):                          # a head's maximum grew (rare after the first tiles)
+                alpha = math.exp2(m - max(m, mx))         # head r's; 0 from -inf, 1 where it did not grow
                 lsum *= alpha
-                for x in range(NO):
-                    o[x] *= alpha
-                m = mx
+                m = max(m, mx)
+                al0 = shfl_idx_f32(alpha, 8 * t)          # my output columns' heads 2t, 2t + 1
+                al1 = shfl_idx_f32(alpha, 8 * t + 4)
+                for x in range(NO // 2):
+                    o[2 * x] *= al0
+                    o[2 * x + 1] *= al1
             for e in range(4):                            # p = 0 past j_end (score -inf): m is finite from
                 p = math.exp2(sc[e] - m)                  # the first tile on (its token 0 counts in mx)
                 lsum += p
@@ -295,25 +309,32 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             pa0 = pack_f16x2(vw[0], vw[1])
             pa2 = pack_f16x2(vw[2], vw[3])
             if mine:
-                for b in range(NO // 2):                  # output tiles: 4 per chunk
-                    c = VN * (b >> 2)
-                    j = b & 3
-                    # B: tokens (2t, 2t + 1) and (8 + 2t, 9 + 2t) at coordinate 8b + r
-                    i0 = ((group_field(xv, c, j, v_bits, sh_v) & VMASK)
-                          | ((group_field(xv, XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
-                    i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v) & VMASK)
-                          | ((group_field(xv, 3 * XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
-                    o[2 * b], o[2 * b + 1], _, _ = mma_f16_16816(pa0, z, pa2, z, lds_u32(s_vp, vpb | (i0 << 2)),
-                                                                 lds_u32(s_vp, vpb | (i1 << 2)), o[2 * b],
-                                                                 o[2 * b + 1], f0, f0)
+                va = cuda.local.array(4, uint32)          # A: coordinates r, 8 + r of a 16-coordinate tile
+                for b in range(NO // 4):                  # output tiles of 16 coordinates: 2 per chunk
+                    c = VN * (b >> 1)
+                    for h in range(2):                    # groups 2b, 2b + 1 of the chunk: coordinate 8h + r
+                        j = 2 * (b & 1) + h
+                        # tokens (2t, 2t + 1), then (8 + 2t, 9 + 2t), as one pair each
+                        i0 = ((group_field(xv, c, j, v_bits, sh_v) & VMASK)
+                              | ((group_field(xv, XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
+                        i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v) & VMASK)
+                              | ((group_field(xv, 3 * XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
+                        va[h] = lds_u32(s_vp, vpb | (i0 << 2))
+                        va[2 + h] = lds_u32(s_vp, vpb | (i1 << 2))
+                    o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3] = mma_f16_16816(
+                        va[0], va[1], va[2], va[3], pa0, pa2, o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3])
         lsum += shfl_xor_f32(lsum, 1)                     # head r's sum over its 4 lanes
         lsum += shfl_xor_f32(lsum, 2)
         # every warp holds the block's (max, sum) and its own coordinates: all of it goes to the merge's
         # first slot, the other slots are empty (max -inf)
-        if r < G and mine:
-            for b in range(NO // 2):
-                smem[OFF_A + r * d + CPW * w + 8 * b + 2 * t] = o[2 * b]
-                smem[OFF_A + r * d + CPW * w + 8 * b + 2 * t + 1] = o[2 * b + 1]
+        if mine:                                          # O[head 2t, 2t + 1][coordinates 16b + r, + 8]
+            for b in range(NO // 4):
+                for h in range(2):
+                    col = CPW * w + 16 * b + 8 * h + r
+                    if 2 * t < G:
+                        smem[OFF_A + 2 * t * d + col] = o[4 * b + 2 * h]
+                    if 2 * t + 1 < G:
+                        smem[OFF_A + (2 * t + 1) * d + col] = o[4 * b + 2 * h + 1]
         if w == 0 and r < G and t == 0:
             smem[OFF_ML + 2 * r] = m
             smem[OFF_ML + 2 * r + 1] = lsum
