@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"model": a.model, "depth": a.depth, "kv_type": a.kv_type, "kvq_partial": a.kvq_partial,
-                       "cold_l2": a.cold, "step_us": step_ms * 1e3, "kernels_us": total, "copy_gbps": copy, "rows": rows,
+                       "cold_l2": a.cold, "step_us": step_ms * 1e3, "kernels_us": total, "copy_gbps": copy,
+                       "rows": rows,
                        "median_us_per_launch": statistics.median([r["us"] / r["launches"] for r in rows])},
                       f, indent=1)
     return 0
