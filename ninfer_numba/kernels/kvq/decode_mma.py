@@ -36,7 +36,7 @@ which LLVM leaves where written). Without that the 9B step at depth 32K spent ~5
 than with the f16 cache: alone, the partial's 26 MB of codes sit in L2; in the step they come from DRAM
 (H200, session 22).
 
-Offline sm_90a (9B shape): 118 (k3v3), 120 (k4v3), 128 (k4v4) registers, no local memory, 587 SASS in the
+Offline sm_90a (9B shape): 118 (k3v3), 120 (k4v3), 128 (k4v4) registers, no local memory, 491 SASS in the
 main loop (8 mma a warp a tile). Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42
 register moves a tile: ptxas rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only,
 up to 8 query heads per KV head (the columns of one mma).
@@ -50,7 +50,7 @@ from functools import lru_cache
 
 import math
 
-from numba import float32, uint32
+from numba import float32, int64, uint32
 
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
@@ -134,17 +134,19 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     def load_chunks(words, at, bits, x, o):
         """x[o:o + NCW·n] = my warp's NCW chunks (n = 3 or 4 words each) of a row from flat word ``at``: 16-byte
         loads at 4 bits, 8-byte ones at 3 bits where the run is whole pairs of aligned words; issued here, a
-        tile before their use (ptx.py's *_ahead loads)."""
+        tile before their use (ptx.py's *_ahead loads). ``at`` is an int64: each load's constant offset then
+        folds into the instruction's immediate (sm_90a: [R.64 + 0x8]); from a uint32 index every load
+        widened and shifted its own address, ~8 instructions each, 96 of the loop's 587."""
         if bits == 4:
             for u in range(NCW):
                 x[o + 4 * u], x[o + 4 * u + 1], x[o + 4 * u + 2], x[o + 4 * u + 3] = ldg_nc_v4_u32_ahead(
-                    words, uint32(at + uint32(4 * u)))
+                    words, at + 4 * u)
         elif V2:
             for u in range(3 * NCW // 2):
-                x[o + 2 * u], x[o + 2 * u + 1] = ldg_nc_v2_u32_ahead(words, uint32(at + uint32(2 * u)))
+                x[o + 2 * u], x[o + 2 * u + 1] = ldg_nc_v2_u32_ahead(words, at + 2 * u)
         else:
             for u in range(3 * NCW):
-                x[o + u] = words[uint32(at + uint32(u))]
+                x[o + u] = words[at + u]
 
     @device_inline
     def tile_norm(k_flat, v_flat, r_c, lane, last):
@@ -206,11 +208,11 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         if mine:
             for n in range(2):
                 row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
-                load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
+                load_chunks(k_words, int64(row) * WK + koff, k_bits, xk, XK * n)
             if EARLY_V:
                 for e in range(4):
                     row = min(uint32(r_c + toks[e]), last)
-                    load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xv, XV * e)
+                    load_chunks(v_words, int64(row) * WV + voff, v_bits, xv, XV * e)
         nrm = f0
         if w == NW - 1:                                   # norm of token lane & 15 (keys: lanes < 16)
             nrm = tile_norm(k_flat, v_flat, r_c, lane, last)
@@ -250,7 +252,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             if mine and (it > uint32(0) or not EARLY_V):  # my chunks of the value rows of my 4 tokens (the
                 for e in range(4):                        # first tile's may have come before the prologue)
                     row = min(uint32(r_c + toks[e]), last)
-                    load_chunks(v_words, uint32(row * uint32(WV) + voff), v_bits, xv, XV * e)
+                    load_chunks(v_words, int64(row) * WV + voff, v_bits, xv, XV * e)
             sk = cuda.local.array(4, float32)             # S[token r, r + 8][head 2t, 2t + 1], my coordinates
             for x in range(4):
                 sk[x] = f0
@@ -266,7 +268,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                                                                sk[0], sk[1], sk[2], sk[3])
                 for n in range(2):                        # the next tile's key rows (past the split: the last)
                     row = min(uint32(r_c + uint32(TILE + 8 * n) + uint32(r)), last)
-                    load_chunks(k_words, uint32(row * uint32(WK) + koff), k_bits, xk, XK * n)
+                    load_chunks(k_words, int64(row) * WK + koff, k_bits, xk, XK * n)
             # my share as [head][token at 4·((k & 7) >> 1) + (k & 1) + 2·(k >> 3)]: lane (r, t) reads head r's
             # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t as one 16-byte load
             at = uint32(buf + uint32(128 * w) + uint32(32) * uint32(t) + uint32(4) * (uint32(r) >> uint32(1))
