@@ -36,8 +36,8 @@ which LLVM leaves where written). Without that the 9B step at depth 32K spent ~5
 than with the f16 cache: alone, the partial's 26 MB of codes sit in L2; in the step they come from DRAM
 (H200, session 22).
 
-Offline sm_90a (9B shape): 118 (k3v3), 120 (k4v3), 128 (k4v4) registers, no local memory, 491 SASS in the
-main loop (8 mma a warp a tile). Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42
+Offline sm_90a (9B shape): 117 (k3v3), 115 (k4v3), 121 (k4v4) registers, no local memory, 458 SASS in the
+main loop at k3v3 (8 mma a warp a tile; 611 before the three changes of session 22 named in its notes). Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42
 register moves a tile: ptxas rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only,
 up to 8 query heads per KV head (the columns of one mma).
 
@@ -118,8 +118,11 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     QF = 2 * (d // 16) * 32      # s_qf words
     WK = d * k_bits // 32        # words of a coded key row
     WV = d * v_bits // 32
-    KPM = uint32((1 << (2 * k_bits)) - 1)
-    VMASK = uint32((1 << v_bits) - 1)
+    # a looked-up field is placed at its table offset's bits (4 bytes an entry: from bit 2) as it is extracted,
+    # so that one LOP3 masks it and ORs the table's base in
+    KP4 = uint32(((1 << (2 * k_bits)) - 1) << 2)          # a key pair's table byte offset
+    V4 = uint32(((1 << v_bits) - 1) << 2)                 # the first token's code in a value pair's offset
+    V4B = uint32(((1 << v_bits) - 1) << (2 + v_bits))     # the second token's
     OFF_Q, OFF_S, OFF_ML, OFF_A, _ = smem_words(G, d)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
     SCORE = float32(LOG2E / d ** 1.5)
@@ -158,18 +161,20 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         return nrm
 
     @device_inline
-    def group_field(x, o, j, bits, sh):
-        """Bits sh.. (sh + a field < 24 or 32) of code group j (of 4 per chunk) of the chunk's words at
-        x[o:]: a 24-bit group is at bit 24j of the chunk's three words, a 4-bit group is word j."""
+    def group_field(x, o, j, bits, sh, pre):
+        """Bits sh.. (sh + a field < 24 or 32) of code group j (of 4 per chunk) of the chunk's words at x[o:],
+        moved to bit pre (<= 5; the caller masks): a 24-bit group is at bit 24j of the chunk's three words, a
+        4-bit group is word j. At 3 bits the move is part of the shift or funnel (one instruction for groups
+        1-3; group 0's 24 bits leave room to shift left first)."""
         if bits == 4:
-            return x[o + j] >> sh
+            return (x[o + j] >> sh) << uint32(pre)
         if j == 0:
-            return x[o] >> sh
+            return (x[o] << uint32(pre)) >> sh
         if j == 1:
-            return funnel(x[o + 1], x[o], uint32(24) + sh)
+            return funnel(x[o + 1], x[o], uint32(24 - pre) + sh)
         if j == 2:
-            return funnel(x[o + 2], x[o + 1], uint32(16) + sh)
-        return x[o + 2] >> (uint32(8) + sh)
+            return funnel(x[o + 2], x[o + 1], uint32(16 - pre) + sh)
+        return x[o + 2] >> (uint32(8 - pre) + sh)
 
     @cached_jit(pdl=True, **occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
@@ -261,9 +266,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 for x in range(2 * NCW):                  # k-steps: 2 per chunk
                     for n in range(2):                    # tokens r (n = 0) and 8 + r (n = 1)
                         c = XK * n + KN * (x >> 1)
-                        ka[n] = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1), k_bits, sh_k) & KPM) << 2))
-                        ka[2 + n] = lds_u32(s_kp, kpb | ((group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k) & KPM)
-                                                         << 2))
+                        ka[n] = lds_u32(s_kp, kpb | (group_field(xk, c, 2 * (x & 1), k_bits, sh_k, 2) & KP4))
+                        ka[2 + n] = lds_u32(s_kp, kpb | (group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k, 2) & KP4))
                     sk[0], sk[1], sk[2], sk[3] = mma_f16_16816(ka[0], ka[1], ka[2], ka[3], qa[2 * x], qa[2 * x + 1],
                                                                sk[0], sk[1], sk[2], sk[3])
                 for n in range(2):                        # the next tile's key rows (past the split: the last)
@@ -317,12 +321,12 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     for h in range(2):                    # groups 2b, 2b + 1 of the chunk: coordinate 8h + r
                         j = 2 * (b & 1) + h
                         # tokens (2t, 2t + 1), then (8 + 2t, 9 + 2t), as one pair each
-                        i0 = ((group_field(xv, c, j, v_bits, sh_v) & VMASK)
-                              | ((group_field(xv, XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
-                        i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v) & VMASK)
-                              | ((group_field(xv, 3 * XV + c, j, v_bits, sh_v) & VMASK) << uint32(v_bits)))
-                        va[h] = lds_u32(s_vp, vpb | (i0 << 2))
-                        va[2 + h] = lds_u32(s_vp, vpb | (i1 << 2))
+                        i0 = ((group_field(xv, c, j, v_bits, sh_v, 2) & V4)
+                              | (group_field(xv, XV + c, j, v_bits, sh_v, 2 + v_bits) & V4B))
+                        i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v, 2) & V4)
+                              | (group_field(xv, 3 * XV + c, j, v_bits, sh_v, 2 + v_bits) & V4B))
+                        va[h] = lds_u32(s_vp, vpb | i0)
+                        va[2 + h] = lds_u32(s_vp, vpb | i1)
                     o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3] = mma_f16_16816(
                         va[0], va[1], va[2], va[3], pa0, pa2, o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3])
         lsum += shfl_xor_f32(lsum, 1)                     # head r's sum over its 4 lanes
