@@ -82,7 +82,7 @@ coded_gpu_tests() {
   gpu_tests $1 $2 test_kvq "coded-cache" tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
     tests/kernels/test_rope_kernel.py tests/model/test_kv_types.py
 }
-# decode_profile of the 9b file at depth 32K with a coded cache and partial (DEADLINE-bounded, at most 80 s)
+# decode_profile of the 9b file at depth 32K with a KV type and partial (DEADLINE-bounded, at most 80 s)
 kvq_profile() {   # kv type, partial [--cold: every kernel after an L2 flush]
   local secs=$(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )) tag=$1_$2${3:+_cold}
   timeout $(( secs < 80 ? secs : 80 )) python3 -m benchmarks.e2e.decode_profile --model models/q35-9b.gguf \

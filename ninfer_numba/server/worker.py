@@ -236,7 +236,6 @@ class GenerationWorker:
             idle = self.batched is None or not self.batched.busy
             return _STOP if self._stopping and idle else None
 
-
     def _gather(self) -> None:
         """With the lock held: when the scheduler is idle and a greedy job is in the line, wait (ADMIT_WAIT_S
         at most) while other requests are still arriving, so that a burst is admitted at once."""

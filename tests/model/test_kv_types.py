@@ -197,7 +197,8 @@ def test_the_decode_partial_is_picked_by_capacity_and_bits():
     assert pick_partial("lanes", 3, 3, 1 << 20) == "lanes" and pick_partial("tokens", 3, 3, 16) == "tokens"
     assert pick_partial("auto", 3, 3, 16, 4) == "mma" and pick_partial("auto", 3, 3, 1 << 20, MMA_MAX_GROUP) == "mma"
     assert pick_partial("auto", 3, 3, TOKENS_FROM, MMA_MAX_GROUP + 1) == "tokens"
-    assert pick_partial("auto", 4, 4, TOKENS_FROM) == "tokens" and pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
+    assert pick_partial("auto", 4, 4, TOKENS_FROM) == "tokens"
+    assert pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
     assert pick_partial("auto", 8, 8, 1 << 20) == "lanes"
     for variant in ("tokens", "mma"):
         with pytest.raises(ValueError, match=f"the {variant} decode partial decodes 3- and 4-bit"):

@@ -78,8 +78,8 @@ def chunk_tokens(G: int) -> int:
 
 @cuda.jit(device=True, inline=True)
 def funnel(hi, lo, sh):
-    """Bits sh.. of the 64-bit word hi:lo as uint32 (sh < 32 gives one SHF): a code group that straddles two
-    words of a coded row. The three partials read their groups through it."""
+    """Bits sh.. of the 64-bit word hi:lo as uint32 (sh < 64; one SHF.R.U64 in the partials' sm_90a SASS): a
+    code group that straddles two words of a coded row. The three partials read their groups through it."""
     return uint32(((uint64(hi) << uint64(32)) | uint64(lo)) >> uint64(sh))
 
 

@@ -37,9 +37,10 @@ than with the f16 cache: alone, the partial's 26 MB of codes sit in L2; in the s
 (H200, session 22).
 
 Offline sm_90a (9B shape): 117 (k3v3), 115 (k4v3), 121 (k4v4) registers, no local memory, 458 SASS in the
-main loop at k3v3 (8 mma a warp a tile; 611 before the three changes of session 22 named in its notes). Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42
-register moves a tile: ptxas rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only,
-up to 8 query heads per KV head (the columns of one mma).
+main loop at k3v3 (8 mma a warp a tile; 611 before the three changes of session 22 named in its notes).
+Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42 register moves a tile: ptxas
+rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only, up to 8 query heads per KV
+head (the columns of one mma).
 
 Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 8, 16] | s_ml [NW, G, 2]
 | s_a [NW, G, d] (dynamic), plus static s_qf [d/16, 32, 2] u32 and the key and value pair tables [256] u32.
