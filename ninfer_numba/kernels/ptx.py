@@ -8,15 +8,11 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   array of any dtype and rank (e.g. 16 int8 of an int8 [N, K] weight, or uint32 ``arr[i:i+4]``), returned as
   four uint32 words; the address must be 16-byte aligned. Only for data no thread writes during the kernel.
   ``ldg_nc_v2_u32(arr, i)``: the same for 8 bytes (two words, 8-byte aligned).
-  ``ldg_nc_v4_u32_ahead``, ``ldg_nc_v2_u32_ahead``, ``ldg_nc_u16_ahead(arr, i)`` (one uint16): the same loads
-  issued where they are written. The plain ones have no side effect, so LLVM may sink them to their first
-  use (or fold a loop's two loads into one at the loop head), which undoes a load placed a tile ahead to
-  hide DRAM latency; these are marked as having one, so they stay in program order among such statements.
 - ``mma_s8_16832(a0..a3, b0, b1, c0..c3)``: warp-wide ``mma.sync.m16n8k32`` s8 x s8 -> s32.
 - ``cp_async_16(smem, si, gmem, gi)``, ``cp_async_commit()``, ``cp_async_wait_all()``,
-  ``cp_async_wait_1()``: 16-byte async copy from flat element gi of a global array to flat element si of a
-  shared array (any dtypes, both addresses 16-byte aligned) and its group fences (wait_1: all but the
-  newest committed group have landed).
+  ``cp_async_wait_1()``, ``cp_async_wait_2()``: 16-byte async copy from flat element gi of a global array to
+  flat element si of a shared array (any dtypes, both addresses 16-byte aligned) and its group fences
+  (wait_n: all but the newest n committed groups have landed).
 - ``ldmatrix_x4(smem, i)``: warp-wide ``ldmatrix.sync.m8n8.x4.b16``: lane l supplies the 16-byte row at
   flat element i of a shared array, the row (l % 8) of matrix l // 8; lane l receives word l % 4 of row
   l // 4 of each of the four matrices (for int8 data: exactly the mma m16n8k32 A/B fragment layout).
@@ -190,7 +186,7 @@ def _make_intrinsics():
             return builder.call(fn, vals)
         return sig, codegen
 
-    def ldg_nc_u32(n, ahead=False):
+    def ldg_nc_u32(n):
         asm = (f"ld.global.nc.v{n}.u32 {{{', '.join(f'${i}' for i in range(n))}}}, [${n}];")
 
         @intrinsic
@@ -200,26 +196,12 @@ def _make_intrinsics():
 
             def codegen(context, builder, sig, args):
                 addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                return asm_tuple(context, builder, ret, [_I32] * n, [_I64], asm, ",".join(["=r"] * n + ["l"]), [addr],
-                                 side_effect=ahead)
+                return asm_tuple(context, builder, ret, [_I32] * n, [_I64], asm, ",".join(["=r"] * n + ["l"]), [addr])
             return sig, codegen
         return ldg
 
     ldg_nc_v4_u32 = ldg_nc_u32(4)
     ldg_nc_v2_u32 = ldg_nc_u32(2)
-    ldg_nc_v4_u32_ahead = ldg_nc_u32(4, ahead=True)
-    ldg_nc_v2_u32_ahead = ldg_nc_u32(2, ahead=True)
-
-    @intrinsic
-    def ldg_nc_u16_ahead(typingctx, arr, idx):
-        sig = types.uint16(arr, idx)
-
-        def codegen(context, builder, sig, args):
-            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            fn = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [_I64]), "ld.global.nc.u16 $0, [$1];", "=h,l",
-                              side_effect=True)
-            return builder.call(fn, [addr])
-        return sig, codegen
 
     @intrinsic
     def mma_s8_16832(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -251,6 +233,7 @@ def _make_intrinsics():
     cp_async_commit = void_intrinsic("cp.async.commit_group;")
     cp_async_wait_all = void_intrinsic("cp.async.wait_group 0;")
     cp_async_wait_1 = void_intrinsic("cp.async.wait_group 1;")
+    cp_async_wait_2 = void_intrinsic("cp.async.wait_group 2;")
 
     def _ldmatrix(trans):
         asm = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") +
@@ -318,7 +301,7 @@ def _make_intrinsics():
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
             shfl_idx_f32, syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"),
-            ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead, ldg_nc_u16_ahead, vote_any)
+            cp_async_wait_2, vote_any)
 
 
 if SIMULATOR:
@@ -326,6 +309,5 @@ if SIMULATOR:
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
  cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
- shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents, ldg_nc_v4_u32_ahead, ldg_nc_v2_u32_ahead,
- ldg_nc_u16_ahead, vote_any) = (
+ shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents, cp_async_wait_2, vote_any) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -186,10 +186,6 @@ def _make_fallbacks():
         return w[0], w[1]
 
     @cuda.jit(device=True)
-    def ldg_u16(arr, idx):
-        return arr.reshape(-1)[idx]
-
-    @cuda.jit(device=True)
     def mma_s8_16832(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         lane, d = _warp_collective((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)), _mma_from_fragments)
         g, t = lane >> 2, lane & 3
@@ -259,8 +255,7 @@ def _make_fallbacks():
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
-            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing, ldg_nc_v4_u32, ldg_nc_v2_u32, ldg_u16,
-            vote_any)
+            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing, cp_async_wait_all, vote_any)
 
 
 def install_simulator_patches():

@@ -23,7 +23,8 @@ On a GPU every name is an ``@intrinsic`` emitting PTX through ``llvmlite.ir.Inli
 - ``cp_async_16b(smem, byte, gmem, gi)``: 16-byte ``cp.async`` from flat element gi of a global array to
   ``byte`` past ``smem[0]`` (kernels/ptx.py's ``cp_async_16`` addresses shared memory by element and pays a
   generic-to-shared conversion per call; this one adds a byte offset to the array's shared address).
-- ``ld_shared_v4_f32(smem, byte)`` -> four float32 from one 16-byte shared load; ``st_global_v4_f32(arr, i,
+- ``ld_shared_v4_f32(smem, byte)`` -> four float32 from one 16-byte shared load (``ld_shared_v2_u32``: two
+  uint32 from one 8-byte aligned load); ``st_global_v4_f32(arr, i,
   v0, v1, v2, v3)``: one 16-byte store at flat element i of a float32 global array (16-byte aligned).
 - ``dequant_i8x4(word, scale2)``: four int8 (the bytes of ``word``, low first) times the f16 scale held
   twice in ``scale2`` -> two uint32 of two f16 each (elements 0, 1 and 2, 3, low half first). Exact int8 to
@@ -179,6 +180,8 @@ def _make_intrinsics():
     ld_shared_v4_f32 = asm_intrinsic(2, types.UniTuple(types.float32, 4), [_I32],
                                      "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
                                      smem_and_u32s, out_ir=[_F32] * 4)
+    ld_shared_v2_u32 = asm_intrinsic(2, types.UniTuple(types.uint32, 2), [_I32], "ld.shared.v2.u32 {$0, $1}, [$2];",
+                                     "=r,=r,r,~{memory}", smem_and_u32s, out_ir=[_I32] * 2)
     st_global_v4_f32 = asm_intrinsic(6, types.void, [_I64] + [_F32] * 4, "st.global.v4.f32 [$0], {$1, $2, $3, $4};",
                                      "l,f,f,f,f,~{memory}", global_and_f32s)
     # .rn on sub and mul keeps ptxas from contracting them into one fma (which would round differently)
@@ -196,7 +199,7 @@ def _make_intrinsics():
 
     return (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1,
             fence_proxy_async, smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32,
-            st_global_v4_f32, dequant_i8x4)
+            ld_shared_v2_u32, st_global_v4_f32, dequant_i8x4)
 
 
 # ---------------------------------------------------------------- simulator: Python twins -------------
@@ -297,6 +300,14 @@ def _make_fallbacks():
         return v[0], v[1], v[2], v[3]
 
     @cuda.jit(device=True)
+    def ld_shared_v2_u32(smem, byte):
+        b = int(byte)
+        if b % 8:
+            raise ValueError(f"8-byte shared load at byte offset {b} is misaligned")
+        v = _smem_bytes(smem)[b:b + 8].view(np.uint32)
+        return v[0], v[1]
+
+    @cuda.jit(device=True)
     def st_global_v4_f32(arr, idx, v0, v1, v2, v3):
         a = _host_view(arr).reshape(-1)
         i = int(idx)
@@ -313,9 +324,9 @@ def _make_fallbacks():
         return np.uint32(h[0]), np.uint32(h[1])
 
     return (wgmma_rs_f16, acc_zero, acc_store_t, _noop, _noop, _noop, _noop, _noop, smem_u32, st_shared_v4,
-            cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4)
+            cp_async_16b, ld_shared_v4_f32, ld_shared_v2_u32, st_global_v4_f32, dequant_i8x4)
 
 
 (wgmma_rs_f16, acc_zero, acc_store_t, wgmma_fence, wgmma_commit, wgmma_wait_0, wgmma_wait_1, fence_proxy_async,
- smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, st_global_v4_f32, dequant_i8x4) = (
+ smem_u32, st_shared_v4, cp_async_16b, ld_shared_v4_f32, ld_shared_v2_u32, st_global_v4_f32, dequant_i8x4) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

@@ -8,7 +8,7 @@ import pytest
 
 from ninfer_numba.kernels.kvq import ref
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.kvq.decode import KvqDecodeWorkspace, chunk_tokens, kvq_attention_decode
+from ninfer_numba.kernels.kvq.decode import MMA_TILE, KvqDecodeWorkspace, chunk_tokens, kvq_attention_decode
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 
 needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
@@ -22,6 +22,8 @@ ATOL = {"lanes": 2e-5, "tokens": 2e-5, "mma": 2e-3}
 
 
 def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng, variant="lanes"):
+    if variant == "mma":                  # it copies whole tiles of rows: engine/cache.py allocates multiples
+        max_seq = -(-max_seq // MMA_TILE) * MMA_TILE
     q = rng.standard_normal((H, d)).astype(np.float32) * 2
     k = rng.standard_normal((L, Hkv, d)).astype(np.float32) * rng.uniform(0.5, 3, (L, Hkv, 1))
     v = rng.standard_normal((L, Hkv, d)).astype(np.float32)
@@ -116,6 +118,21 @@ def test_decode_q8_lanes():
                      rng=np.random.default_rng(0), variant="tokens")
 
 
+
+@pytest.mark.cudasim
+@needs_sim_or_gpu
+def test_decode_mma_refuses_a_cache_of_partial_tiles():
+    """The mma partial copies 16 rows at a time: a cache whose rows are not whole tiles is refused before
+    any launch (the copies of its last head's last tile would run past the buffer)."""
+    H, Hkv, d, rows = 4, 2, 32, MMA_TILE + 4
+    codes = cuda.to_device(np.zeros((Hkv, rows, d * 3 // 8), np.uint8))
+    norms = cuda.to_device(np.zeros((Hkv, rows), np.uint16))
+    with pytest.raises(ValueError, match="whole tiles of 16 cache rows"):
+        kvq_attention_decode(cuda.to_device(np.zeros((H, d), np.float32)), codes, norms, codes, norms,
+                             cuda.to_device(np.array([3], np.int32)), KvqTables(d, 3, K_SEED), KvqTables(d, 3, V_SEED),
+                             cuda.to_device(np.zeros((H, d), np.float32)), KvqDecodeWorkspace(H, d, 2), variant="mma")
+
+
 LIBDEVICE = "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"
 
 
@@ -128,8 +145,8 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
     """The 9B's partial compiles to sm_90a PTX without a device (reference/numba-cuda.md §7, test-only
     patches of numba internals) with no local memory: queries, scores and accumulators stay in registers
     and the codebook lookups are shared loads (tokens: the key rows' words too, and the queries come as
-    16-byte shared loads, one per key code; mma: every product of a warp's tile unrolled, 8-byte or 16-byte
-    code loads)."""
+    16-byte shared loads, one per key code; mma: every product of a warp's tile unrolled, the codes
+    copied into a shared ring and read as 8-byte shared loads)."""
     import types as pytypes
 
     import numba.cuda.cudadrv.nvrtc as nvrtc_mod
@@ -158,16 +175,10 @@ def test_partial_ptx_offline_keeps_registers(monkeypatch, k_bits, v_bits, varian
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx   # programmatic launch
     if variant == "mma":                # per tile, 4 key products (16 tokens) and 4 value ones (16 coordinates)
         assert ptx.count("mma.sync.aligned.m16n8k16") == 8
-        # the code loads stay where they are written (ptx.py *_ahead): the first tile's key rows before the
-        # loop, every tile's next key rows and its value rows in it; LLVM folds sinkable ones into one
-        # load at the loop head, next to the use
-        loads = {3: "ld.global.nc.v2", 4: "ld.global.nc.v4"}
-        per_row = {3: 3, 4: 2}                                          # loads of a warp's 64 codes
-        want = {loads[k_bits]: 0, loads[v_bits]: 0}
-        want[loads[k_bits]] += 2 * 2 * per_row[k_bits]
-        want[loads[v_bits]] += 4 * per_row[v_bits]
-        assert all(ptx.count(op) >= n for op, n in want.items()), {op: ptx.count(op) for op in want}
-        assert ptx.count("ld.global.nc.u16") >= 4                      # a tile's norms, ahead likewise
+        # the tiles come through the cp.async ring (before the loop and in it); a warp's 64 codes of a row
+        # are `bits` 8-byte shared loads: two key rows and four value rows a tile
+        assert ptx.count("cp.async.cg.shared.global") >= 8 and ptx.count("cp.async.wait_group") >= 2
+        assert ptx.count("ld.shared.v2.u32") == 2 * k_bits + 4 * v_bits
         return
     if variant == "tokens":
         assert ptx.count("ld.shared.v4.f32") >= 32                    # a block of 128 (3 bits) or 32 codes

@@ -104,7 +104,8 @@ def test_info_reports_each_cache_at_the_full_context(tiny_model, capsys):
 @pytest.mark.cudasim
 @pytest.mark.parametrize("kv_type", ["f16", "k3v3", "k4v4"])
 def test_a_states_kv_bytes_are_the_formula(tiny_model, kv_type):
-    """What SequenceState allocates is what kv_memory_bytes (ninfer info) says."""
+    """What SequenceState allocates is what kv_memory_bytes (ninfer info) says; a coded cache's rows are whole
+    tiles of the mma partial (40 -> 48)."""
     from ninfer_numba.engine.cache import SequenceState, kv_memory_bytes
     from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
     from ninfer_numba.model.weights import open_model
@@ -113,6 +114,8 @@ def test_a_states_kv_bytes_are_the_formula(tiny_model, kv_type):
     c = open_model(tiny_model).config
     st = SequenceState(c, 40, cuda.default_stream(), kv_type=kv_type)
     assert st.kv_bytes() == kv_memory_bytes(c, kv_type, 40)
+    if kv_type != "f16":
+        assert {a.shape[1] for t in st.kvq.values() for a in t} == {48}
 
 
 @pytest.mark.cudasim
@@ -190,13 +193,15 @@ def test_coded_attention_layer_matches_the_reference_in_the_simulator(kv_type):
 
 def test_the_decode_partial_is_picked_by_capacity_and_bits():
     """EngineConfig.kvq_partial: lanes, tokens or mma as asked; auto takes mma for k3v3 where a KV head has
-    at most MMA_MAX_GROUP query heads, the token-lane partial from TOKENS_FROM tokens of capacity for the
-    other 3/4-bit caches, else lanes; tokens or mma with q8 is refused when the engine is configured."""
+    at most MMA_MAX_GROUP query heads and the rows are whole tiles of it, the token-lane partial from
+    TOKENS_FROM tokens of capacity for the other 3/4-bit caches, else lanes; tokens or mma with q8 is refused
+    when the engine is configured."""
     from ninfer_numba.config import EngineConfig
-    from ninfer_numba.kernels.kvq.decode import MMA_MAX_GROUP, TOKENS_FROM, pick_partial
+    from ninfer_numba.kernels.kvq.decode import MMA_MAX_GROUP, MMA_TILE, TOKENS_FROM, pick_partial
     assert pick_partial("lanes", 3, 3, 1 << 20) == "lanes" and pick_partial("tokens", 3, 3, 16) == "tokens"
     assert pick_partial("auto", 3, 3, 16, 4) == "mma" and pick_partial("auto", 3, 3, 1 << 20, MMA_MAX_GROUP) == "mma"
     assert pick_partial("auto", 3, 3, TOKENS_FROM, MMA_MAX_GROUP + 1) == "tokens"
+    assert pick_partial("auto", 3, 3, 40, 4) == "lanes" and pick_partial("auto", 3, 3, MMA_TILE * 3, 4) == "mma"
     assert pick_partial("auto", 4, 4, TOKENS_FROM) == "tokens"
     assert pick_partial("auto", 4, 3, TOKENS_FROM - 1) == "lanes"
     assert pick_partial("auto", 8, 8, 1 << 20) == "lanes"

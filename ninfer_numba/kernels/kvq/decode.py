@@ -61,6 +61,7 @@ from ninfer_numba.kernels.ptx import shfl_idx_f32, shfl_xor_f32
 # tokens 32.5 / 50.2 µs at 8K / 32K against lanes 28.4 / 61.2), else lanes
 TOKENS_FROM = 16384
 MMA_MAX_GROUP = 8           # query heads per KV head the mma partial takes (the columns of one mma)
+MMA_TILE = 16               # cache rows the mma partial copies at once (its rows: multiples of it)
 NW = 4                      # warps per partial block
 TPB = 32 * NW
 NEG_INF = float32(-np.inf)
@@ -431,10 +432,16 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
     shape = (H, Hkv, d, k_tables.bits, v_tables.bits, ws.n_splits, gated)
     if variant == "lanes":
         (partial, combine), nbytes = _kernels(*shape), 4 * partial_smem_words(H // Hkv, d)[-1]
+    elif variant == "tokens":
+        from ninfer_numba.kernels.kvq import decode_tokens                 # it imports this module's helpers
+        (partial, combine), nbytes = decode_tokens._kernels(*shape), 4 * decode_tokens.smem_words(H // Hkv, d)[-1]
     else:
-        from ninfer_numba.kernels.kvq import decode_mma, decode_tokens     # they import this module's helpers
-        module = decode_tokens if variant == "tokens" else decode_mma
-        (partial, combine), nbytes = module._kernels(*shape), 4 * module.smem_words(H // Hkv, d)[-1]
+        from ninfer_numba.kernels.kvq import decode_mma
+        if k_codes.shape[1] % decode_mma.TILE:
+            raise ValueError(f"the mma partial copies whole tiles of {decode_mma.TILE} cache rows: a cache of "
+                             f"{k_codes.shape[1]} rows is not (engine/cache.py allocates multiples)")
+        (partial, combine) = decode_mma._kernels(*shape)
+        nbytes = 4 * decode_mma.smem_words(H // Hkv, d, k_tables.bits, v_tables.bits)[-1]
     if "partial" in kernels:
         partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
             q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
@@ -448,11 +455,12 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
 
 def pick_partial(choice: str, k_bits: int, v_bits: int, capacity: int, group: int = 1) -> str:
     """The partial kvq_attention_decode runs for EngineConfig.kvq_partial ``choice`` on a cache of
-    ``capacity`` tokens with ``group`` query heads per KV head: "auto" takes mma for k3v3 (up to
-    MMA_MAX_GROUP heads), tokens from TOKENS_FROM on where it decodes the bits, else lanes."""
+    ``capacity`` rows with ``group`` query heads per KV head: "auto" takes mma for k3v3 (up to
+    MMA_MAX_GROUP heads, rows a multiple of its tile), tokens from TOKENS_FROM on where it decodes the bits,
+    else lanes."""
     if choice != "auto":
         return choice
-    if k_bits == v_bits == 3 and group <= MMA_MAX_GROUP:
+    if k_bits == v_bits == 3 and group <= MMA_MAX_GROUP and capacity % MMA_TILE == 0:
         return "mma"
     return "tokens" if capacity >= TOKENS_FROM and max(k_bits, v_bits) <= 4 else "lanes"
 

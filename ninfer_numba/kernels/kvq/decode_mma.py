@@ -30,20 +30,23 @@ codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
   end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
           empty), which rotates the split's output back as for the other partials.
 
-Loads run ahead of their use: the next tile's key rows and norms are read after this tile's scores, a
-tile's value rows before its scores, the first tile's all before the prologue (ptx.py's *_ahead loads,
-which LLVM leaves where written). Without that the 9B step at depth 32K spent ~53 µs more between kernels
-than with the f16 cache: alone, the partial's 26 MB of codes sit in L2; in the step they come from DRAM
-(H200, session 22).
+Loads: the codes come from DRAM (in the step the weights' GEMVs have just evicted them). A block's tiles
+(16 key rows, 16 value rows and their norms: contiguous runs of the caches) are copied with cp.async into a
+ring of STAGES = 4 shared-memory stages; tile i + 3's copies are issued during tile i, so three tiles are
+in flight while one is used, and each warp reads its chunks of a row from shared memory as 8-byte loads.
+With registers loaded one tile ahead instead the partial ran at ~700 GB/s, as long with the
+codes in L2 as from DRAM and no faster after its loop lost 25 % of its instructions: each tile waited for
+its loads' round trip. The copies need whole tiles of rows: engine/cache.py allocates coded caches in
+multiples of 16 rows, and a cache of other rows is refused.
 
-Offline sm_90a (9B shape): 117 (k3v3), 115 (k4v3), 121 (k4v4) registers, no local memory, 458 SASS in the
-main loop at k3v3 (8 mma a warp a tile; 611 before the three changes of session 22 named in its notes).
+Offline sm_90a (9B shape): 106 (k3v3), 108 (k4v3), 101 (k4v4) registers, no local memory.
 Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42 register moves a tile: ptxas
 rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only, up to 8 query heads per KV
 head (the columns of one mma).
 
 Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 8, 16] | s_ml [NW, G, 2]
-| s_a [NW, G, d] (dynamic), plus static s_qf [d/16, 32, 2] u32 and the key and value pair tables [256] u32.
+| the ring [STAGES, stage_words] u32, after the loop s_a [NW, G, d] f32 (dynamic), plus static s_qf
+[d/16, 32, 2] u32 and the key and value pair tables [256] u32. Caches as decode.py's, rows a multiple of 16.
 """
 from __future__ import annotations
 
@@ -57,16 +60,16 @@ from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.kvq.decode import (MMA_MAX_GROUP, NEG_INF, NW, TPB, block_place, funnel,
+from ninfer_numba.kernels.kvq.decode import (MMA_MAX_GROUP, MMA_TILE, NEG_INF, NW, TPB, block_place, funnel,
                                              pair_table_filler, rotate_query, split_merge)
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
-from ninfer_numba.kernels.ptx import (ldg_nc_u16_ahead, ldg_nc_v2_u32_ahead, ldg_nc_v4_u32_ahead, shfl_idx_f32,
-                                      shfl_xor_f32, vote_any)
-from ninfer_numba.kernels.ptx_sm90 import ld_shared_v4_f32, smem_u32
+from ninfer_numba.kernels.ptx import (cp_async_commit, cp_async_wait_1, cp_async_wait_2, cp_async_wait_all,
+                                      shfl_idx_f32, shfl_xor_f32, vote_any)
+from ninfer_numba.kernels.ptx_sm90 import cp_async_16b, ld_shared_v2_u32, ld_shared_v4_f32, smem_u32
 
-TILE = 16                   # tokens per tile: the k dimension of the values' mma
+TILE = MMA_TILE             # tokens per tile: the k dimension of the values' mma
 STEP = TILE                 # a split's keys are whole tiles (every warp walks every tile)
 MAX_G = MMA_MAX_GROUP       # query heads per KV head: the B columns of one mma that are not padding
 
@@ -77,18 +80,27 @@ def warp_coordinates(d: int) -> int:
     return max(32, d // NW)
 
 
-SHARE = NW * 8 * 16 + 32     # words of one s_s buffer: the warps' score shares, then the tile's 32 norms
+SHARE = NW * 8 * 16          # words of one s_s buffer: the warps' shares of a tile's scores
+STAGES = 4                   # tiles in the ring: tile i + 3's copies are issued during tile i
 
 
-def smem_words(G: int, d: int) -> tuple[int, ...]:
-    """(offsets of s_q, s_s, s_ml, s_a; total words) of the partial's dynamic shared memory; s_s [2, SHARE]
-    holds each warp's share of a tile's scores [NW, 8 heads, 16 tokens] and the tile's key and value norms
-    [2, 16], double-buffered (one barrier per tile)."""
+def stage_words(d: int, k_bits: int, v_bits: int) -> int:
+    """Words of one ring stage: a tile's 16 key rows, its 16 value rows (codes as cached), then the 16 key
+    norms and the 16 value norms (float16 pairs, 8 words each)."""
+    return 16 * (d * k_bits // 32 + d * v_bits // 32) + 16
+
+
+def smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
+    """(offsets of s_q, s_s, s_ml, the ring; total words) of the partial's dynamic shared memory; s_s [2, SHARE]
+    holds each warp's share of a tile's scores [NW, 8 heads, 16 tokens], double-buffered (one barrier per
+    tile). The ring [STAGES, stage_words] ends with the main loop; the warps' accumulators s_a [NW, G, d] for
+    the merge then take its words (every offset a multiple of 4 words: the ring's stages are 16-byte
+    cp.async targets)."""
     off_q = 0
     off_s = off_q + G * d
     off_ml = off_s + 2 * SHARE
     off_a = off_ml + 2 * NW * G
-    return off_q, off_s, off_ml, off_a, off_a + NW * G * d
+    return off_q, off_s, off_ml, off_a, off_a + max(NW * G * d, STAGES * stage_words(d, k_bits, v_bits))
 
 
 @lru_cache(maxsize=None)
@@ -111,20 +123,22 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     XK = KN * NCW                # words of my chunks of one key row
     XV = VN * NCW                # and of one value row
     XK2, XV4 = 2 * XK, 4 * XV    # a lane's words of one tile: two key rows, four value rows
-    # the first tile's value rows load before the prologue too at 3 bits; at 4 bits their 32 words beside the
-    # prologue's registers spill (ptxas sm_90a, 128 registers)
-    EARLY_V = v_bits == 3
-    # 3-bit runs as 8-byte loads: my 3·NCW words start at word 3·NCW·w of a row of 3·d/32 words
-    V2 = NCW % 2 == 0 and (3 * d // 32) % 2 == 0
     QF = 2 * (d // 16) * 32      # s_qf words
     WK = d * k_bits // 32        # words of a coded key row
     WV = d * v_bits // 32
+    # my words of a row as 8-byte shared loads where they are whole aligned pairs (d >= 64)
+    PK = XK % 2 == 0 and WK % 2 == 0
+    PV = XV % 2 == 0 and WV % 2 == 0
+    STW = stage_words(d, k_bits, v_bits)
+    KCH, VCH = 4 * WK, 4 * WV    # 16-byte chunks of a tile's 16 key rows, of its 16 value rows
+    NCH = KCH + VCH + 4          # then two of its key norms, two of its value norms
+    NRM = 4 * 16 * (WK + WV)     # byte of a stage's key norms (its value norms 32 bytes on)
     # a looked-up field is placed at its table offset's bits (4 bytes an entry: from bit 2) as it is extracted,
     # so that one LOP3 masks it and ORs the table's base in
     KP4 = uint32(((1 << (2 * k_bits)) - 1) << 2)          # a key pair's table byte offset
     V4 = uint32(((1 << v_bits) - 1) << 2)                 # the first token's code in a value pair's offset
     V4B = uint32(((1 << v_bits) - 1) << (2 + v_bits))     # the second token's
-    OFF_Q, OFF_S, OFF_ML, OFF_A, _ = smem_words(G, d)
+    OFF_Q, OFF_S, OFF_ML, OFF_A, _ = smem_words(G, d, k_bits, v_bits)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
     SCORE = float32(LOG2E / d ** 1.5)
     f0 = float32(0.0)
@@ -135,31 +149,29 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
     @device_inline
-    def load_chunks(words, at, bits, x, o):
-        """x[o:o + NCW·n] = my warp's NCW chunks (n = 3 or 4 words each) of a row from flat word ``at``: 16-byte
-        loads at 4 bits, 8-byte ones at 3 bits where the run is whole pairs of aligned words; issued here, a
-        tile before their use (ptx.py's *_ahead loads). ``at`` is an int64: each load's constant offset then
-        folds into the instruction's immediate (sm_90a: [R.64 + 0x8]); from a uint32 index every load
-        widened and shifted its own address, ~8 instructions each, 96 of the loop's 587."""
-        if bits == 4:
-            for u in range(NCW):
-                x[o + 4 * u], x[o + 4 * u + 1], x[o + 4 * u + 2], x[o + 4 * u + 3] = ldg_nc_v4_u32_ahead(
-                    words, at + 4 * u)
-        elif V2:
-            for u in range(3 * NCW // 2):
-                x[o + 2 * u], x[o + 2 * u + 1] = ldg_nc_v2_u32_ahead(words, at + 2 * u)
-        else:
-            for u in range(3 * NCW):
-                x[o + u] = words[at + u]
+    def issue_tile(ring, k_words, v_words, k_flat, v_flat, r_c, at):
+        """cp.async of the tile at row r_c (its 16 key rows and value rows are contiguous runs of the caches,
+        as are their norms) to ring byte ``at``: the block's threads take its NCH chunks in turn."""
+        for c in range(cuda.threadIdx.x, NCH, TPB):
+            dst = uint32(at + uint32(16 * c))
+            if c < KCH:
+                cp_async_16b(ring, dst, k_words, int64(r_c) * WK + 4 * c)
+            elif c < KCH + VCH:
+                cp_async_16b(ring, dst, v_words, int64(r_c) * WV + 4 * (c - KCH))
+            elif c < KCH + VCH + 2:
+                cp_async_16b(ring, dst, k_flat, int64(r_c) + 8 * (c - KCH - VCH))
+            else:
+                cp_async_16b(ring, dst, v_flat, int64(r_c) + 8 * (c - KCH - VCH - 2))
 
     @device_inline
-    def tile_norm(k_flat, v_flat, r_c, lane, last):
-        """The norm of token lane & 15 of the tile at row r_c (past the split: the last row's), a key's in
-        lanes < 16, a value's above; issued here, a tile before its use."""
-        tok = min(uint32(r_c + uint32(lane & 15)), last)
-        bits = ldg_nc_u16_ahead(k_flat, tok) if lane < 16 else ldg_nc_u16_ahead(v_flat, tok)
-        nrm, _ = h2_to_f32(uint32(bits))
-        return nrm
+    def load_words(ring, ringb, at, x, o, n, pairs):
+        """x[o:o + n] = the n words at ring byte ``at`` (8-byte loads when ``pairs``)."""
+        if pairs:
+            for u in range(n // 2):
+                x[o + 2 * u], x[o + 2 * u + 1] = ld_shared_v2_u32(ring, uint32(at + uint32(8 * u)))
+        else:
+            for u in range(n):
+                x[o + u] = lds_u32(ring, uint32(ringb + at + uint32(4 * u)))
 
     @device_inline
     def group_field(x, o, j, bits, sh, pre):
@@ -196,32 +208,30 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         if split * per >= n_kv:
             return
         mine = w < NWD                                    # warp-uniform: I have coordinates
+        ring = cuda.shared.array(0, uint32, alignment=16)  # the same dynamic words as smem, as code words
+        ringb = smem_u32(ring)
+        c_first = split * per
+        j_end = min(n_kv, c_first + per)
+        row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
+        # the codes come from DRAM (~1 µs away): the ring's first STAGES - 1 tiles are in flight under the
+        # queries' rotation and the tables; each tile's copies are a group (empty past the split's end), so
+        # that "all but the newest n groups" names a tile
+        for u in range(STAGES - 1):
+            if c_first + TILE * u < j_end:
+                issue_tile(ring, k_words, v_words, k_flat, v_flat, uint32(row0 + uint32(c_first + TILE * u)),
+                           uint32(4 * OFF_A + 4 * STW * u))
+            cp_async_commit()
         xk = cuda.local.array(XK2, uint32)                 # my chunks' words of the two key rows I read
         xv = cuda.local.array(XV4, uint32)                 # and of the four value rows
         sh_k = uint32(2 * k_bits) * uint32(t)             # my code pair in a key group
         sh_v = uint32(v_bits) * uint32(r)                 # my code in a value group
-        koff = uint32(KN * NCW) * uint32(w)               # my chunks' first word in a key row
-        voff = uint32(VN * NCW) * uint32(w)
-        j_end = min(n_kv, (split + 1) * per)
-        row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
-        last = uint32(row0 + uint32(j_end - 1))
+        # ring bytes of my chunks in a stage: key rows r and 8 + r, the value rows of my 4 tokens
+        kat = uint32(4 * (r * WK + XK * w))
         toks = cuda.local.array(4, uint32)                # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t of a tile
+        vat = cuda.local.array(4, uint32)
         for e in range(4):
             toks[e] = uint32(2 * t + (e & 1) + 8 * (e >> 1))
-        # loads run a tile ahead of their use (the codes come from DRAM, ~1 µs away): a tile's rows and norms
-        # are read during the tile before it; the first tile's now, under the queries' rotation and the tables
-        r_c = uint32(row0 + uint32(split * per))
-        if mine:
-            for n in range(2):
-                row = min(uint32(r_c + uint32(8 * n) + uint32(r)), last)
-                load_chunks(k_words, int64(row) * WK + koff, k_bits, xk, XK * n)
-            if EARLY_V:
-                for e in range(4):
-                    row = min(uint32(r_c + toks[e]), last)
-                    load_chunks(v_words, int64(row) * WV + voff, v_bits, xv, XV * e)
-        nrm = f0
-        if w == NW - 1:                                   # norm of token lane & 15 (keys: lanes < 16)
-            nrm = tile_norm(k_flat, v_flat, r_c, lane, last)
+            vat[e] = uint32(4 * (16 * WK + toks[e] * WV + XV * w))
         rot = cuda.local.array(V, float32)
         for g in range(w, G, NW):                         # s_q [G, d]: the queries · signs, rotated by warps
             rotate_query(q, hk * G + g, k_signs, rot, V, lane)
@@ -235,7 +245,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             c = OFF_Q + gq * d + 16 * (e >> 5) + 2 * (e & 3)
             s_qf[2 * e] = pack_f16x2(smem[c], smem[c + 1]) if gq < G else z
             s_qf[2 * e + 1] = pack_f16x2(smem[c + 8], smem[c + 9]) if gq < G else z
-        cuda.syncthreads()
+        cp_async_wait_2()                                 # my copies of tile 0 have landed
+        cuda.syncthreads()                                # everyone's, and s_qf
         qa = cuda.local.array(QA, uint32)                 # my (b0, b1) of my warp's k-steps: head r's queries
         for x in range(2 * NCW):
             f = 2 * ((2 * w * NCW + x) * 32 + lane)
@@ -249,40 +260,39 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         sc = cuda.local.array(4, float32)                 # head r at tokens 2t, 2t + 1, 8 + 2t, 9 + 2t
         vw = cuda.local.array(4, float32)
         it = uint32(0)
-        for c0 in range(split * per, j_end, TILE):        # block-uniform: every warp, every tile
-            r_c = uint32(row0 + uint32(c0))
+        at = uint32(4 * OFF_A)                            # this tile's stage (ring byte)
+        for c0 in range(c_first, j_end, TILE):            # block-uniform: every warp, every tile
             buf = uint32(OFF_S + uint32(SHARE) * (it & uint32(1)))
-            if w == NW - 1:                               # the tile's norms, scaled for their use below
-                smem[uint32(buf + uint32(NW * 128 + lane))] = nrm * (SCORE if lane < 16 else INV_SQRT_D)
-                nrm = tile_norm(k_flat, v_flat, uint32(r_c + uint32(TILE)), lane, last)
-            if mine and (it > uint32(0) or not EARLY_V):  # my chunks of the value rows of my 4 tokens (the
-                for e in range(4):                        # first tile's may have come before the prologue)
-                    row = min(uint32(r_c + toks[e]), last)
-                    load_chunks(v_words, int64(row) * WV + voff, v_bits, xv, XV * e)
             sk = cuda.local.array(4, float32)             # S[token r, r + 8][head 2t, 2t + 1], my coordinates
             for x in range(4):
                 sk[x] = f0
             ka = cuda.local.array(4, uint32)              # A: key rows r, r + 8 at a k-step's 16 coordinates
             if mine:
+                for n in range(2):                        # tokens r (n = 0) and 8 + r (n = 1)
+                    load_words(ring, ringb, uint32(at + kat + uint32(32 * WK * n)), xk, XK * n, XK, PK)
                 for x in range(2 * NCW):                  # k-steps: 2 per chunk
-                    for n in range(2):                    # tokens r (n = 0) and 8 + r (n = 1)
+                    for n in range(2):
                         c = XK * n + KN * (x >> 1)
                         ka[n] = lds_u32(s_kp, kpb | (group_field(xk, c, 2 * (x & 1), k_bits, sh_k, 2) & KP4))
                         ka[2 + n] = lds_u32(s_kp, kpb | (group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k, 2) & KP4))
                     sk[0], sk[1], sk[2], sk[3] = mma_f16_16816(ka[0], ka[1], ka[2], ka[3], qa[2 * x], qa[2 * x + 1],
                                                                sk[0], sk[1], sk[2], sk[3])
-                for n in range(2):                        # the next tile's key rows (past the split: the last)
-                    row = min(uint32(r_c + uint32(TILE + 8 * n) + uint32(r)), last)
-                    load_chunks(k_words, int64(row) * WK + koff, k_bits, xk, XK * n)
             # my share as [head][token at 4·((k & 7) >> 1) + (k & 1) + 2·(k >> 3)]: lane (r, t) reads head r's
             # tokens 2t, 2t + 1, 8 + 2t, 9 + 2t as one 16-byte load
-            at = uint32(buf + uint32(128 * w) + uint32(32) * uint32(t) + uint32(4) * (uint32(r) >> uint32(1))
-                        + (uint32(r) & uint32(1)))
-            smem[at] = sk[0]
-            smem[uint32(at + uint32(16))] = sk[1]
-            smem[uint32(at + uint32(2))] = sk[2]
-            smem[uint32(at + uint32(18))] = sk[3]
-            cuda.syncthreads()                            # every warp's share and the norms are in
+            sat = uint32(buf + uint32(128 * w) + uint32(32) * uint32(t) + uint32(4) * (uint32(r) >> uint32(1))
+                         + (uint32(r) & uint32(1)))
+            smem[sat] = sk[0]
+            smem[uint32(sat + uint32(16))] = sk[1]
+            smem[uint32(sat + uint32(2))] = sk[2]
+            smem[uint32(sat + uint32(18))] = sk[3]
+            cp_async_wait_1()                             # my copies of the next tile have landed
+            cuda.syncthreads()                            # every warp's share is in, and the next tile
+            # tile + STAGES - 1 into the stage tile - 1 used: every warp is past that tile
+            free = uint32(at - uint32(4 * STW)) if at > uint32(4 * OFF_A) else uint32(4 * (OFF_A + (STAGES - 1) * STW))
+            if c0 + TILE * (STAGES - 1) < j_end:
+                issue_tile(ring, k_words, v_words, k_flat, v_flat, uint32(row0 + uint32(c0 + TILE * (STAGES - 1))),
+                           free)
+            cp_async_commit()
             for e in range(4):
                 sc[e] = f0
             for u in range(NWD):                          # the same sums, in the same order, in every warp
@@ -293,9 +303,18 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 sc[3] += s3
             mx = NEG_INF
             lim = uint32(min(j_end - c0, TILE))           # the tile's tokens before the split's end (>= 1)
-            for e in range(4):
-                sc[e] = sc[e] * smem[uint32(buf + uint32(NW * 128) + toks[e])] if toks[e] < lim else NEG_INF
-                vw[e] = smem[uint32(buf + uint32(NW * 128 + 16) + toks[e])]
+            nat = uint32(ringb + at + uint32(NRM) + uint32(4) * uint32(t))
+            for h in range(2):                            # norms of tokens 2t, 2t + 1 (h = 0), 8 + 2t, 9 + 2t
+                kn0, kn1 = h2_to_f32(lds_u32(ring, uint32(nat + uint32(16 * h))))
+                vn0, vn1 = h2_to_f32(lds_u32(ring, uint32(nat + uint32(32 + 16 * h))))
+                sc[2 * h] *= kn0 * SCORE
+                sc[2 * h + 1] *= kn1 * SCORE
+                vw[2 * h] = vn0 * INV_SQRT_D
+                vw[2 * h + 1] = vn1 * INV_SQRT_D
+            for e in range(4):                            # rows past the split's end: scores -inf, weights 0
+                if toks[e] >= lim:                        # (their norms are whatever the rows hold)
+                    sc[e] = NEG_INF
+                    vw[e] = f0
                 mx = max(mx, sc[e])
             it += uint32(1)
             mx = max(mx, shfl_xor_f32(mx, 1))             # over the 4 lanes of head r: the tile's 16 tokens
@@ -316,6 +335,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             pa0 = pack_f16x2(vw[0], vw[1])
             pa2 = pack_f16x2(vw[2], vw[3])
             if mine:
+                for e in range(4):                        # my chunks of the value rows of my 4 tokens
+                    load_words(ring, ringb, uint32(at + vat[e]), xv, XV * e, XV, PV)
                 va = cuda.local.array(4, uint32)          # A: coordinates r, 8 + r of a 16-coordinate tile
                 for b in range(NO // 4):                  # output tiles of 16 coordinates: 2 per chunk
                     c = VN * (b >> 1)
@@ -330,6 +351,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                         va[2 + h] = lds_u32(s_vp, vpb | i1)
                     o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3] = mma_f16_16816(
                         va[0], va[1], va[2], va[3], pa0, pa2, o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3])
+            at = uint32(at + uint32(4 * STW)) if at < uint32(4 * (OFF_A + (STAGES - 1) * STW)) else uint32(4 * OFF_A)
+        cp_async_wait_all()                               # only empty groups are left: the ring is done with,
+        cuda.syncthreads()                                # and every warp past its last tile: s_a takes it
         lsum += shfl_xor_f32(lsum, 1)                     # head r's sum over its 4 lanes
         lsum += shfl_xor_f32(lsum, 2)
         # every warp holds the block's (max, sum) and its own coordinates: all of it goes to the merge's
