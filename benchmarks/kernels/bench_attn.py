@@ -9,7 +9,8 @@ T = 8192 / 32768 for prefill, reference/anchors.md). Working sets under ~3× the
 several buffer copies so the timings come from HBM. With --out, one JSON object per row is appended.
 --mma adds rows for the fp16 tensor-core prefill (prefill_mma.py) with 4-warp and 8-warp blocks. kvq: the
 decode attention over the 3/4-bit caches (kernels/kvq/decode.py, split-K partials and their combine) on
-random codes, beside attention_decode's f16 rows above; rows kvq_decode_<type>_tokens* time the second
+random codes, beside attention_decode's f16 rows above (--kvq-types, --kvq-lengths, --kvq-splits and
+--kvq-variants choose the cases); rows kvq_decode_<type>_tokens* time the second
 partial (kernels/kvq/decode_tokens.py, a lane per key token) in the same process, rows *_mma the third
 (kernels/kvq/decode_mma.py, tensor cores). kvq_prefill: the
 tensor-core prefill over coded caches (kernels/kvq/prefill.py: tiles decoded from the codes; the queries'
@@ -125,44 +126,47 @@ def bench_decode(H, Hkv, d, rng):
     return rows
 
 
-def bench_kvq_decode(H, Hkv, d, rng, kv_types=("k3v3", "k4v4")):
+def bench_kvq_decode(H, Hkv, d, rng, kv_types=("k3v3", "k4v4"), lengths=(8192, 32768), splits=(KVQ_SPLITS,),
+                     variants=("lanes", "tokens", "mma")):
+    """Each coded type at each cache length: each partial with its combine, then each alone, for every split
+    count (rows carry n_splits; a short cache against a long one separates a partial's fixed cost)."""
     rows = []
-    ws = KvqDecodeWorkspace(H, d, KVQ_SPLITS)
     q = _rand((H, d), np.float16, rng)
     proj = _rand((1, 2 * d * H + 2 * d * Hkv), np.float32, rng)
     out = cuda.device_array(H * d, np.float32)
-    for kv_type in kv_types:
+    tags = {"lanes": "", "tokens": "_tokens", "mma": "_mma"}
+    for kv_type, L, n_splits in ((t, L, n) for t in kv_types for L in lengths for n in splits):
+        ws = KvqDecodeWorkspace(H, d, n_splits)
         (kb, vb), (k_row, v_row) = KV_TYPES[kv_type], vector_bytes(kv_type, d)
         k_tab, v_tab = KvqTables(d, kb, 1), KvqTables(d, vb, 2)
-        for L in (8192, 32768):
-            nbytes = Hkv * L * (k_row + v_row)               # codes and norms, read once per step
-            norms = (rng.uniform(5, 20, (Hkv, L)).astype(np.float16)).view(np.uint16)
+        nbytes = Hkv * L * (k_row + v_row)               # codes and norms, read once per step
+        norms = (rng.uniform(5, 20, (Hkv, L)).astype(np.float16)).view(np.uint16)
 
-            def coded(row):
-                return cuda.to_device(rng.integers(0, 256, (Hkv, L, row - 2), dtype=np.uint8))
-            sets = [(coded(k_row), cuda.to_device(norms), coded(v_row), cuda.to_device(norms))
-                    for _ in range(_copies(nbytes))]
-            kv_len = cuda.to_device(np.array([L], np.int32))
-            state = {"i": 0}
+        def coded(row):
+            return cuda.to_device(rng.integers(0, 256, (Hkv, L, row - 2), dtype=np.uint8))
+        sets = [(coded(k_row), cuda.to_device(norms), coded(v_row), cuda.to_device(norms))
+                for _ in range(_copies(nbytes))]
+        kv_len = cuda.to_device(np.array([L], np.int32))
+        state = {"i": 0}
 
-            # the whole call, then each of its two kernels alone (which of them holds the fixed cost), for
-            # both partial kernels
-            for variant, tag in (("lanes", ""), ("tokens", "_tokens"), ("mma", "_mma")):
-                for part, kernels in (("", ("partial", "combine")), ("_partial", ("partial",)),
-                                      ("_combine", ("combine",))):
-                    name = tag + part
+        # the whole call, then each of its two kernels alone (which of them holds the fixed cost), for
+        # both partial kernels
+        for variant, tag in ((v, tags[v]) for v in variants):
+            for part, kernels in (("", ("partial", "combine")), ("_partial", ("partial",)),
+                                  ("_combine", ("combine",))):
+                name = tag + part
 
-                    def launch(stream, kernels=kernels, variant=variant):
-                        kc, kn, vc, vn = sets[state["i"] % len(sets)]
-                        state["i"] += 1
-                        kvq_attention_decode(q, kc, kn, vc, vn, kv_len, k_tab, v_tab, out, ws, stream=stream,
-                                             proj=proj, kernels=kernels, variant=variant)
+                def launch(stream, kernels=kernels, variant=variant, ws=ws):
+                    kc, kn, vc, vn = sets[state["i"] % len(sets)]
+                    state["i"] += 1
+                    kvq_attention_decode(q, kc, kn, vc, vn, kv_len, k_tab, v_tab, out, ws, stream=stream,
+                                         proj=proj, kernels=kernels, variant=variant)
 
-                    ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
-                    rows.append(dict(kernel=f"kvq_decode_{kv_type}{name}", L=L, us=ms * 1e3,
-                                     GBs=nbytes / ms / 1e6, TFLOPs=4.0 * H * L * d / ms / 1e9,
-                                     pct=100 * nbytes / ms / 1e6 / COPY_GBS, ceiling="copy 4.25 TB/s",
-                                     n_splits=ws.n_splits))
+                ms = time_graph(launch, n_inner=4 * len(sets), reps=10).median_ms
+                rows.append(dict(kernel=f"kvq_decode_{kv_type}{name}", L=L, us=ms * 1e3,
+                                 GBs=nbytes / ms / 1e6, TFLOPs=4.0 * H * L * d / ms / 1e9,
+                                 pct=100 * nbytes / ms / 1e6 / COPY_GBS, ceiling="copy 4.25 TB/s",
+                                 n_splits=ws.n_splits))
     return rows
 
 
@@ -231,7 +235,8 @@ def _printed(rows: list[dict]) -> list[dict]:
     for r in rows:
         size = f"T={r['T']}" if "T" in r else f"L={r['L']}"
         print(f"{r['kernel']:30s} {size:>9s} {r['us']:10.1f} {r.get('GBs', float('nan')):8.0f} "
-              f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}", flush=True)
+              f"{r.get('TFLOPs', float('nan')):8.2f} {r['pct']:6.1f}  {r['ceiling']}"
+              + (f"  splits {r['n_splits']}" if "n_splits" in r else ""), flush=True)
     return rows
 
 
@@ -241,6 +246,10 @@ def main(argv=None) -> None:
     ap.add_argument("--only", default="rope,decode,kvq,prefill")
     ap.add_argument("--prefill-lengths", default="512,2048,8192,32768")
     ap.add_argument("--mma", action="store_true", help="also time the fp16 tensor-core prefill")
+    ap.add_argument("--kvq-types", default="k3v3,k4v4", help="kvq: the coded types")
+    ap.add_argument("--kvq-lengths", default="8192,32768", help="kvq: cached tokens (multiples of 16)")
+    ap.add_argument("--kvq-splits", default=str(KVQ_SPLITS), help="kvq: split-K blocks per KV head")
+    ap.add_argument("--kvq-variants", default="lanes,tokens,mma", help="kvq: the partials")
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args(argv)
     shape = SHAPES[args.model]
@@ -255,7 +264,10 @@ def main(argv=None) -> None:
     if "decode" in parts:
         rows += _printed(bench_decode(**shape, rng=rng))
     if "kvq" in parts:
-        rows += _printed(bench_kvq_decode(**shape, rng=rng))
+        ints = lambda text: tuple(int(x) for x in text.split(","))    # noqa: E731
+        rows += _printed(bench_kvq_decode(**shape, rng=rng, kv_types=tuple(args.kvq_types.split(",")),
+                                          lengths=ints(args.kvq_lengths), splits=ints(args.kvq_splits),
+                                          variants=tuple(args.kvq_variants.split(","))))
     lengths = [int(x) for x in args.prefill_lengths.split(",")]
     if "prefill" in parts:
         rows += _printed(bench_prefill(**shape, rng=rng, mma=args.mma, lengths=lengths))

@@ -230,5 +230,5 @@ def test_decode_gated():
 def test_the_kernels_of_one_shape_are_built_once():
     """Each decode call asks for its kernels by shape: building them again would recompile every call."""
     from ninfer_numba.kernels.kvq import decode, decode_mma, decode_tokens
-    for module in (decode, decode_tokens):
+    for module in (decode, decode_tokens, decode_mma):
         assert module._kernels(16, 4, 256, 3, 3, 128, True) is module._kernels(16, 4, 256, 3, 3, 128, True)
