@@ -39,7 +39,8 @@ codes in L2 as from DRAM and no faster after its loop lost 25 % of its instructi
 its loads' round trip. The copies need whole tiles of rows: engine/cache.py allocates coded caches in
 multiples of 16 rows, and a cache of other rows is refused.
 
-Offline sm_90a (9B shape): 106 (k3v3), 108 (k4v3), 101 (k4v4) registers, no local memory.
+Offline sm_90a (9B shape): 94 (k3v3), 96 (k4v3), 92 (k4v4) registers, no local memory; the main loop
+441 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
 Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42 register moves a tile: ptxas
 rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only, up to 8 query heads per KV
 head (the columns of one mma).
@@ -131,7 +132,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     PV = XV % 2 == 0 and WV % 2 == 0
     STW = stage_words(d, k_bits, v_bits)
     KCH, VCH = 4 * WK, 4 * WV    # 16-byte chunks of a tile's 16 key rows, of its 16 value rows
-    NCH = KCH + VCH + 4          # then two of its key norms, two of its value norms
+    if max(KCH, VCH) > TPB:
+        raise ValueError(f"a tile's rows of {d} coordinates at {k_bits}/{v_bits} bits are more 16-byte chunks "
+                         f"than the block has threads ({TPB})")
     NRM = 4 * 16 * (WK + WV)     # byte of a stage's key norms (its value norms 32 bytes on)
     # a looked-up field is placed at its table offset's bits (4 bytes an entry: from bit 2) as it is extracted,
     # so that one LOP3 masks it and ORs the table's base in
@@ -149,19 +152,22 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
     @device_inline
-    def issue_tile(ring, k_words, v_words, k_flat, v_flat, r_c, at):
-        """cp.async of the tile at row r_c (its 16 key rows and value rows are contiguous runs of the caches,
-        as are their norms) to ring byte ``at``: the block's threads take its NCH chunks in turn."""
-        for c in range(cuda.threadIdx.x, NCH, TPB):
-            dst = uint32(at + uint32(16 * c))
-            if c < KCH:
-                cp_async_16b(ring, dst, k_words, int64(r_c) * WK + 4 * c)
-            elif c < KCH + VCH:
-                cp_async_16b(ring, dst, v_words, int64(r_c) * WV + 4 * (c - KCH))
-            elif c < KCH + VCH + 2:
-                cp_async_16b(ring, dst, k_flat, int64(r_c) + 8 * (c - KCH - VCH))
+    def issue_tile(ring, k_words, v_words, k_flat, v_flat, r_c, at, tid):
+        """cp.async of the tile at row r_c to ring byte ``at``: its 16 key rows and 16 value rows are contiguous
+        runs of the caches (KCH, VCH <= TPB chunks of 16 bytes: thread tid copies chunk tid of each), as are
+        their norms (the block's last four threads). No loop: one predicated copy per run a thread."""
+        if tid < KCH:
+            cp_async_16b(ring, uint32(at + uint32(16) * uint32(tid)), k_words, int64(r_c) * WK + 4 * tid)
+        if tid < VCH:
+            cp_async_16b(ring, uint32(at + uint32(16 * KCH) + uint32(16) * uint32(tid)), v_words,
+                         int64(r_c) * WV + 4 * tid)
+        if tid >= TPB - 4:                                # key norms 0-7, 8-15, then the values'
+            n = tid - (TPB - 4)
+            dst = uint32(at + uint32(16 * (KCH + VCH)) + uint32(16) * uint32(n))
+            if n < 2:
+                cp_async_16b(ring, dst, k_flat, int64(r_c) + 8 * n)
             else:
-                cp_async_16b(ring, dst, v_flat, int64(r_c) + 8 * (c - KCH - VCH - 2))
+                cp_async_16b(ring, dst, v_flat, int64(r_c) + 8 * (n - 2))
 
     @device_inline
     def load_words(ring, ringb, at, x, o, n, pairs):
@@ -219,7 +225,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         for u in range(STAGES - 1):
             if c_first + TILE * u < j_end:
                 issue_tile(ring, k_words, v_words, k_flat, v_flat, uint32(row0 + uint32(c_first + TILE * u)),
-                           uint32(4 * OFF_A + 4 * STW * u))
+                           uint32(4 * OFF_A + 4 * STW * u), tid)
             cp_async_commit()
         xk = cuda.local.array(XK2, uint32)                 # my chunks' words of the two key rows I read
         xv = cuda.local.array(XV4, uint32)                 # and of the four value rows
@@ -291,7 +297,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             free = uint32(at - uint32(4 * STW)) if at > uint32(4 * OFF_A) else uint32(4 * (OFF_A + (STAGES - 1) * STW))
             if c0 + TILE * (STAGES - 1) < j_end:
                 issue_tile(ring, k_words, v_words, k_flat, v_flat, uint32(row0 + uint32(c0 + TILE * (STAGES - 1))),
-                           free)
+                           free, tid)
             cp_async_commit()
             for e in range(4):
                 sc[e] = f0
