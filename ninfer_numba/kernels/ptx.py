@@ -19,6 +19,9 @@ On a GPU every name below is an ``@intrinsic`` that emits one PTX instruction th
   ``ldmatrix_x4_trans(smem, i)``: the same rows, each 8x8 b16 matrix transposed (lane (g, t) receives the
   pair M[2t, g], M[2t+1, g]).
 - ``i32_as_f32(i)``: reinterpret the bits of an int32 as float32 (no conversion instruction).
+- ``ex2_approx(x)``: 2^x as ``ex2.approx.ftz.f32`` (one MUFU; relative error ~2^-22, results below 2^-126
+  flushed to 0, 2^-inf = 0). ``math.exp2`` compiles to libdevice's, which scales its input and squares
+  its result around the MUFU to keep subnormal results: three more instructions a call.
 - ``shfl_xor_i32(v, lane_mask)``, ``shfl_xor_f32(v, lane_mask)``, ``shfl_xor_f64(v, lane_mask)``: butterfly
   shuffle over the full warp (f64: two 32-bit shuffles);
   ``shfl_idx_f32(v, src_lane)``: every lane receives lane src_lane's v.
@@ -263,6 +266,15 @@ def _make_intrinsics():
             return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.int32), _F32)
         return sig, codegen
 
+    @intrinsic
+    def ex2_approx(typingctx, x):
+        sig = types.float32(x)
+
+        def codegen(context, builder, sig, args):
+            fn = ir.InlineAsm(ir.FunctionType(_F32, [_F32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(fn, [context.cast(builder, args[0], sig.args[0], types.float32)])
+        return sig, codegen
+
     @cuda.jit(device=True, inline=True)
     def shfl_xor_i32(v, lane_mask):
         return cuda.shfl_xor_sync(FULL_MASK, v, lane_mask)
@@ -301,7 +313,7 @@ def _make_intrinsics():
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
             shfl_idx_f32, syncwarp, griddep("griddepcontrol.wait;"), griddep("griddepcontrol.launch_dependents;"),
-            cp_async_wait_2, vote_any)
+            cp_async_wait_2, vote_any, ex2_approx)
 
 
 if SIMULATOR:
@@ -309,5 +321,5 @@ if SIMULATOR:
 
 (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
  cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
- shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents, cp_async_wait_2, vote_any) = (
+ shfl_idx_f32, syncwarp, griddep_wait, griddep_launch_dependents, cp_async_wait_2, vote_any, ex2_approx) = (
     _make_fallbacks() if SIMULATOR else _make_intrinsics())

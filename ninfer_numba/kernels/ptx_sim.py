@@ -221,6 +221,11 @@ def _make_fallbacks():
         return np.array([i], np.int64).astype(np.int32).view(np.float32)[0]
 
     @cuda.jit(device=True)
+    def ex2_approx(x):
+        y = np.float32(np.exp2(np.float32(x)))
+        return np.float32(0.0) if abs(y) < np.float32(2.0 ** -126) else y      # ftz (NaN stays NaN)
+
+    @cuda.jit(device=True)
     def shfl_xor_i32(v, lane_mask):
         lane, vals = _warp_collective(int(v), list)
         return np.int32(vals[lane ^ lane_mask])
@@ -255,7 +260,7 @@ def _make_fallbacks():
 
     return (dp4a, ldg_nc_v4_u32, ldg_nc_v2_u32, mma_s8_16832, cp_async_16, cp_async_commit, cp_async_wait_all,
             cp_async_wait_1, ldmatrix_x4, ldmatrix_x4_trans, i32_as_f32, shfl_xor_i32, shfl_xor_f32, shfl_xor_f64,
-            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing, cp_async_wait_all, vote_any)
+            shfl_idx_f32, syncwarp, griddep_nothing, griddep_nothing, cp_async_wait_all, vote_any, ex2_approx)
 
 
 def install_simulator_patches():

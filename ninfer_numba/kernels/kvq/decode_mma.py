@@ -40,7 +40,7 @@ its loads' round trip. The copies need whole tiles of rows: engine/cache.py allo
 multiples of 16 rows, and a cache of other rows is refused.
 
 Offline sm_90a (9B shape): 94 (k3v3), 96 (k4v3), 92 (k4v4) registers, no local memory; the main loop
-441 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
+422 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
 Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42 register moves a tile: ptxas
 rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only, up to 8 query heads per KV
 head (the columns of one mma).
@@ -67,7 +67,7 @@ from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
 from ninfer_numba.kernels.ptx import (cp_async_commit, cp_async_wait_1, cp_async_wait_2, cp_async_wait_all,
-                                      shfl_idx_f32, shfl_xor_f32, vote_any)
+                                      ex2_approx, shfl_idx_f32, shfl_xor_f32, vote_any)
 from ninfer_numba.kernels.ptx_sm90 import cp_async_16b, ld_shared_v2_u32, ld_shared_v4_f32, smem_u32
 
 TILE = MMA_TILE             # tokens per tile: the k dimension of the values' mma
@@ -299,9 +299,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 issue_tile(ring, k_words, v_words, k_flat, v_flat, uint32(row0 + uint32(c0 + TILE * (STAGES - 1))),
                            free, tid)
             cp_async_commit()
-            for e in range(4):
-                sc[e] = f0
-            for u in range(NWD):                          # the same sums, in the same order, in every warp
+            # the same sums, in the same order, in every warp
+            sc[0], sc[1], sc[2], sc[3] = ld_shared_v4_f32(smem, uint32(4) * uint32(buf + uint32(4 * lane)))
+            for u in range(1, NWD):
                 s0, s1, s2, s3 = ld_shared_v4_f32(smem, uint32(4) * uint32(buf + uint32(128 * u + 4 * lane)))
                 sc[0] += s0
                 sc[1] += s1
@@ -326,7 +326,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             mx = max(mx, shfl_xor_f32(mx, 1))             # over the 4 lanes of head r: the tile's 16 tokens
             mx = max(mx, shfl_xor_f32(mx, 2))
             if vote_any(mx > m):                          # a head's maximum grew (rare after the first tiles)
-                alpha = math.exp2(m - max(m, mx))         # head r's; 0 from -inf, 1 where it did not grow
+                alpha = ex2_approx(m - max(m, mx))        # head r's; 0 from -inf, 1 where it did not grow
                 lsum *= alpha
                 m = max(m, mx)
                 al0 = shfl_idx_f32(alpha, 8 * t)          # my output columns' heads 2t, 2t + 1
@@ -335,7 +335,7 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     o[2 * x] *= al0
                     o[2 * x + 1] *= al1
             for e in range(4):                            # p = 0 past j_end (score -inf): m is finite from
-                p = math.exp2(sc[e] - m)                  # the first tile on (its token 0 counts in mx)
+                p = ex2_approx(sc[e] - m)                 # the first tile on (its token 0 counts in mx)
                 lsum += p
                 vw[e] = p * vw[e]
             pa0 = pack_f16x2(vw[0], vw[1])
