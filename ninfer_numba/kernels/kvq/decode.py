@@ -50,6 +50,7 @@ from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
+from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
@@ -85,15 +86,19 @@ def funnel(hi, lo, sh):
 
 
 @lru_cache(maxsize=None)
-def pair_table_filler(bits: int):
-    """fill(table, levels, tid): table[c0 | c1 << bits] = (levels[c0], levels[c1]) as one f16x2 word for every
-    pair of codes, by a block of TPB threads (the mma partial's lookups of two codes at once)."""
+def pair_table_filler(bits: int, copies: int = 1):
+    """fill(words, at, levels, tid): words[at + (c0 | c1 << bits)·copies + k] = (levels[c0], levels[c1]) as
+    one f16x2 word for every pair of codes and each of ``copies`` (a power of two) copies, by a block of TPB
+    threads (the mma partial's lookups of two codes at once; a copy per lane keeps a warp's lookups off each
+    other's banks)."""
     mask = (1 << bits) - 1
+    shift = copies.bit_length() - 1
 
     @cuda.jit(device=True, inline=True)
-    def fill(table, levels, tid):
-        for i in range(tid, 1 << (2 * bits), TPB):
-            table[i] = pack_f16x2(levels[i & mask], levels[i >> bits])
+    def fill(words, at, levels, tid):
+        for i in range(tid, copies << (2 * bits), TPB):
+            e = i >> shift
+            words[at + i] = pack_f16x2(levels[e & mask], levels[e >> bits])
     return fill
 
 
@@ -443,10 +448,11 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
         (partial, combine) = decode_mma._kernels(*shape)
         nbytes = 4 * decode_mma.smem_words(H // Hkv, d, k_tables.bits, v_tables.bits)[-1]
     if "partial" in kernels:
-        partial[(ws.n_splits, Hkv), TPB, stream, nbytes](
-            q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
-            v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml, k_norms.reshape(k_norms.size),
-            v_norms.reshape(v_norms.size))
+        args = (q, _words(k_codes), k_norms, _words(v_codes), v_norms, kv_len, k_tables.signs, k_tables.levels,
+                v_tables.levels, v_tables.signs, ws.part_o, ws.part_ml, k_norms.reshape(k_norms.size),
+                v_norms.reshape(v_norms.size))
+        allow_dynamic_smem(partial, args, nbytes)     # the mma partial's lane-wide tables pass 48 KiB
+        partial[(ws.n_splits, Hkv), TPB, stream, nbytes](*args)
     if "combine" in kernels:                  # the f16 cache's combine, for a batch of one row
         combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
                                                           ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,

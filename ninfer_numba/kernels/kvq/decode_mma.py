@@ -39,15 +39,22 @@ codes in L2 as from DRAM and no faster after its loop lost 25 % of its instructi
 its loads' round trip. The copies need whole tiles of rows: engine/cache.py allocates coded caches in
 multiples of 16 rows, and a cache of other rows is refused.
 
-Offline sm_90a (9B shape): 94 (k3v3), 96 (k4v3), 92 (k4v4) registers, no local memory; the main loop
-422 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
+Offline sm_90a (9B shape): 95 (k3v3), 94 (k4v3), 89 (k4v4) registers, no local memory; the main loop
+421 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
 Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42 register moves a tile: ptxas
 rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only, up to 8 query heads per KV
 head (the columns of one mma).
 
-Buffers as decode.py; shared memory: s_q [G, d] f32 (rotated queries) | s_s [2, NW, 8, 16] | s_ml [NW, G, 2]
-| the ring [STAGES, stage_words] u32, after the loop s_a [NW, G, d] f32 (dynamic), plus static s_qf
-[d/16, 32, 2] u32 and the key and value pair tables [256] u32. Caches as decode.py's, rows a multiple of 16.
+Lookups: a pair table of 3-bit codes has 64 entries, so one copy puts entries e and e + 32 in one bank and
+a warp's random lookups take two shared-memory wavefronts; each lane has its own copy (entry e of lane l at
+word 32e + l: 8 KB a table), so every lookup is one wavefront. 4-bit tables (256 entries) stay single.
+
+Buffers as decode.py; shared memory (dynamic): s_q [G, d] f32 (rotated queries) | s_s [2, NW, 8, 16] |
+s_ml [NW, G, 2] | the ring [STAGES, stage_words] u32, after the loop the merge's s_a [G, d] f32 | the pair
+tables (u32 f16x2: [64, 32] at 3 bits, [256] at 4), each at an address aligned to its size. Before the loop
+s_s holds s_qf [d/16, 32, 2] u32 (the queries' A fragments (a0, a2), read once into registers). Caches as
+decode.py's, rows a multiple of 16. At 3 bits and d = 256: 44.4 KB a block at 4 query heads a KV head,
+48.5 KB at 8 (past the default 48 KiB: the launcher opts in, kernels/dynamic_smem.py).
 """
 from __future__ import annotations
 
@@ -75,6 +82,13 @@ STEP = TILE                 # a split's keys are whole tiles (every warp walks e
 MAX_G = MMA_MAX_GROUP       # query heads per KV head: the B columns of one mma that are not padding
 
 
+def table_words(bits: int) -> tuple[int, int]:
+    """(words, byte alignment) of a pair table: at 3 bits 64 pairs × 32 lanes' copies, at 4 bits 256 pairs;
+    aligned to their size, so that a looked-up offset ORs into the base."""
+    words = 64 * 32 if bits == 3 else 256
+    return words, 4 * words
+
+
 def warp_coordinates(d: int) -> int:
     """Coordinates of the keys' reduction and of the output each warp takes: a quarter of d, at least one
     chunk of 32 (at d < 128 the warps past d / 32 only follow the softmax)."""
@@ -92,16 +106,21 @@ def stage_words(d: int, k_bits: int, v_bits: int) -> int:
 
 
 def smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
-    """(offsets of s_q, s_s, s_ml, the ring; total words) of the partial's dynamic shared memory; s_s [2, SHARE]
-    holds each warp's share of a tile's scores [NW, 8 heads, 16 tokens], double-buffered (one barrier per
-    tile). The ring [STAGES, stage_words] ends with the main loop; the warps' accumulators s_a [NW, G, d] for
-    the merge then take its words (every offset a multiple of 4 words: the ring's stages are 16-byte
-    cp.async targets)."""
+    """(offsets of s_q, s_s, s_ml, the ring, the tables; total words) of the partial's dynamic shared memory;
+    s_s [2, SHARE] holds each warp's share of a tile's scores [NW, 8 heads, 16 tokens], double-buffered (one
+    barrier per tile). The ring [STAGES, stage_words] ends with the main loop; the merge's accumulators
+    then take its words: slot 0 of s_a [NW, G, d] only, as every warp's coordinates go there and the other
+    slots are empty (split_merge skips them unread; every offset a multiple of 4 words: the ring's stages
+    are 16-byte cp.async targets). Then the two pair tables (table_words), the one with the larger alignment
+    first, each at an address aligned to its size: the kernel finds that address in the words after off_t
+    (the shared window's alignment of dynamic memory is not known ahead), so they hold one alignment more."""
     off_q = 0
     off_s = off_q + G * d
     off_ml = off_s + 2 * SHARE
     off_a = off_ml + 2 * NW * G
-    return off_q, off_s, off_ml, off_a, off_a + max(NW * G * d, STAGES * stage_words(d, k_bits, v_bits))
+    off_t = off_a + max(G * d, STAGES * stage_words(d, k_bits, v_bits))
+    (kw, ka), (vw, va) = table_words(k_bits), table_words(v_bits)
+    return off_q, off_s, off_ml, off_a, off_t, off_t + kw + vw + max(ka, va) // 4
 
 
 @lru_cache(maxsize=None)
@@ -124,7 +143,8 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     XK = KN * NCW                # words of my chunks of one key row
     XV = VN * NCW                # and of one value row
     XK2, XV4 = 2 * XK, 4 * XV    # a lane's words of one tile: two key rows, four value rows
-    QF = 2 * (d // 16) * 32      # s_qf words
+    QF = 2 * (d // 16) * 32      # s_qf words: the queries' fragments, in s_s's words before the loop
+    assert QF <= 2 * SHARE
     WK = d * k_bits // 32        # words of a coded key row
     WV = d * v_bits // 32
     # my words of a row as 8-byte shared loads where they are whole aligned pairs (d >= 64)
@@ -138,17 +158,27 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     NRM = 4 * 16 * (WK + WV)     # byte of a stage's key norms (its value norms 32 bytes on)
     # a looked-up field is placed at its table offset's bits (4 bytes an entry: from bit 2) as it is extracted,
     # so that one LOP3 masks it and ORs the table's base in
-    KP4 = uint32(((1 << (2 * k_bits)) - 1) << 2)          # a key pair's table byte offset
-    V4 = uint32(((1 << v_bits) - 1) << 2)                 # the first token's code in a value pair's offset
-    V4B = uint32(((1 << v_bits) - 1) << (2 + v_bits))     # the second token's
-    OFF_Q, OFF_S, OFF_ML, OFF_A, _ = smem_words(G, d, k_bits, v_bits)
+    # a pair table of 3-bit codes (64 entries) holds a copy per lane, entry e of lane l at word 32e + l, so
+    # that a warp's 32 lookups hit 32 banks (one copy: entries e and e + 32 share a bank, 2 wavefronts a
+    # lookup); at 4 bits (256 entries) one copy. A field then sits at bit 7 of the byte offset, else bit 2.
+    KPRE = 7 if k_bits == 3 else 2
+    VPRE = 7 if v_bits == 3 else 2
+    KP4 = uint32(((1 << (2 * k_bits)) - 1) << KPRE)       # a key pair's table byte offset
+    V4 = uint32(((1 << v_bits) - 1) << VPRE)              # the first token's code in a value pair's offset
+    V4B = uint32(((1 << v_bits) - 1) << (VPRE + v_bits))  # the second token's
+    KTW, KTA = table_words(k_bits)
+    VTW, VTA = table_words(v_bits)
+    TA = max(KTA, VTA)                  # the first table's alignment (bytes); the second follows it
+    K_FIRST = KTA >= VTA
+    OFF_Q, OFF_S, OFF_ML, OFF_A, OFF_T, _ = smem_words(G, d, k_bits, v_bits)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
     SCORE = float32(LOG2E / d ** 1.5)
     f0 = float32(0.0)
     z = uint32(0)
     merge = split_merge(G, d, OFF_A, OFF_ML)
     place = block_place(n_splits, STEP)
-    fill_k, fill_v = pair_table_filler(k_bits), pair_table_filler(v_bits)
+    fill_k = pair_table_filler(k_bits, KTW >> (2 * k_bits))
+    fill_v = pair_table_filler(v_bits, VTW >> (2 * v_bits))
     occupancy = {} if SIMULATOR else {"launch_bounds": (TPB, 4)}
 
     @device_inline
@@ -182,18 +212,19 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     @device_inline
     def group_field(x, o, j, bits, sh, pre):
         """Bits sh.. (sh + a field < 24 or 32) of code group j (of 4 per chunk) of the chunk's words at x[o:],
-        moved to bit pre (<= 5; the caller masks): a 24-bit group is at bit 24j of the chunk's three words, a
-        4-bit group is word j. At 3 bits the move is part of the shift or funnel (one instruction for groups
-        1-3; group 0's 24 bits leave room to shift left first)."""
+        moved to bit pre (<= 16; the caller masks): a 24-bit group is at bit 24j of the chunk's three words, a
+        4-bit group is word j. At 3 bits the move is one funnel shift whichever its direction: groups 0 and 3
+        (inside one word) pair their word with a zero word, so that a shift right of less than 32 moves the
+        field left."""
         if bits == 4:
             return (x[o + j] >> sh) << uint32(pre)
         if j == 0:
-            return (x[o] << uint32(pre)) >> sh
+            return funnel(x[o], z, uint32(32 - pre) + sh)
         if j == 1:
             return funnel(x[o + 1], x[o], uint32(24 - pre) + sh)
         if j == 2:
             return funnel(x[o + 2], x[o + 1], uint32(16 - pre) + sh)
-        return x[o + 2] >> (uint32(8 - pre) + sh)
+        return funnel(x[o + 2], z, uint32(40 - pre) + sh)
 
     @cached_jit(pdl=True, **occupancy)
     def partial(q, k_words, k_norms, v_words, v_norms, kv_len, k_signs, k_levels, v_levels, v_signs, part_o,
@@ -201,21 +232,23 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         griddep_wait()                                    # kernels/pdl.py: before any global access
         griddep_launch_dependents()                       # the combine may be scheduled; it waits for us
         smem = cuda.shared.array(0, float32, alignment=16)
-        s_qf = cuda.shared.array(QF, uint32)              # [d/16, 32, 2] the queries' A fragments (a0, a2)
         # code pair -> (level lo, level hi) as f16x2, keys (two coordinates) and values (two tokens); aligned
         # to their size, so a pair's byte offset ORs into the base (lds_u32)
-        s_kp = cuda.shared.array(256, uint32, alignment=1024)
-        s_vp = cuda.shared.array(256, uint32, alignment=1024)
-        kpb = smem_u32(s_kp)
-        vpb = smem_u32(s_vp)
         split, hk, tid, w, lane, max_seq, n_kv, per = place(kv_len, k_norms)
         r = lane >> 2                                     # fragment row (head) / column (token, coordinate)
         t = lane & 3
+        ring = cuda.shared.array(0, uint32, alignment=16)  # the same dynamic words as smem, as code words
+        ringb = smem_u32(ring)
+        # the pair tables (code pair -> (level lo, level hi) as f16x2, keys: two coordinates, values: two
+        # tokens) at shared addresses aligned to their sizes, so that a looked-up offset ORs into the base
+        tb = (uint32(ringb + uint32(4 * OFF_T)) + uint32(TA - 1)) & ~uint32(TA - 1)
+        k_tab = tb if K_FIRST else uint32(tb + uint32(4 * VTW))
+        v_tab = uint32(tb + uint32(4 * KTW)) if K_FIRST else tb
+        kpb = k_tab | (uint32(lane) << uint32(2) if KTW > 256 else z)   # my copy in a lane-wide table
+        vpb = v_tab | (uint32(lane) << uint32(2) if VTW > 256 else z)
         if split * per >= n_kv:
             return
         mine = w < NWD                                    # warp-uniform: I have coordinates
-        ring = cuda.shared.array(0, uint32, alignment=16)  # the same dynamic words as smem, as code words
-        ringb = smem_u32(ring)
         c_first = split * per
         j_end = min(n_kv, c_first + per)
         row0 = uint32(hk * max_seq)                       # rows < Hkv·max_seq < 2^32: uint32 arithmetic
@@ -243,21 +276,22 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
             rotate_query(q, hk * G + g, k_signs, rot, V, lane)
             for k in range(V):
                 smem[OFF_Q + g * d + V * lane + k] = rot[k]
-        fill_k(s_kp, k_levels, tid)
-        fill_v(s_vp, v_levels, tid)
+        fill_k(ring, uint32(k_tab - ringb) >> uint32(2), k_levels, tid)
+        fill_v(ring, uint32(v_tab - ringb) >> uint32(2), v_levels, tid)
         cuda.syncthreads()
         for e in range(tid, d // 16 * 32, TPB):           # lane e & 31's (a0, a2) of k-step e >> 5
             gq = (e & 31) >> 2
             c = OFF_Q + gq * d + 16 * (e >> 5) + 2 * (e & 3)
-            s_qf[2 * e] = pack_f16x2(smem[c], smem[c + 1]) if gq < G else z
-            s_qf[2 * e + 1] = pack_f16x2(smem[c + 8], smem[c + 9]) if gq < G else z
+            ring[OFF_S + 2 * e] = pack_f16x2(smem[c], smem[c + 1]) if gq < G else z
+            ring[OFF_S + 2 * e + 1] = pack_f16x2(smem[c + 8], smem[c + 9]) if gq < G else z
         cp_async_wait_2()                                 # my copies of tile 0 have landed
         cuda.syncthreads()                                # everyone's, and s_qf
         qa = cuda.local.array(QA, uint32)                 # my (b0, b1) of my warp's k-steps: head r's queries
         for x in range(2 * NCW):
             f = 2 * ((2 * w * NCW + x) * 32 + lane)
-            qa[2 * x] = s_qf[f] if mine else z
-            qa[2 * x + 1] = s_qf[f + 1] if mine else z
+            qa[2 * x] = ring[OFF_S + f] if mine else z
+            qa[2 * x + 1] = ring[OFF_S + f + 1] if mine else z
+        cuda.syncthreads()                                # s_qf read: s_s takes its words
         o = cuda.local.array(NO, float32)                 # O[2t, 2t + 1][16b + r, 16b + 8 + r] of my tiles b
         for x in range(NO):
             o[x] = f0
@@ -279,8 +313,10 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                 for x in range(2 * NCW):                  # k-steps: 2 per chunk
                     for n in range(2):
                         c = XK * n + KN * (x >> 1)
-                        ka[n] = lds_u32(s_kp, kpb | (group_field(xk, c, 2 * (x & 1), k_bits, sh_k, 2) & KP4))
-                        ka[2 + n] = lds_u32(s_kp, kpb | (group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k, 2) & KP4))
+                        f0_ = group_field(xk, c, 2 * (x & 1), k_bits, sh_k, KPRE)
+                        f1_ = group_field(xk, c, 2 * (x & 1) + 1, k_bits, sh_k, KPRE)
+                        ka[n] = lds_u32(ring, kpb | (f0_ & KP4))
+                        ka[2 + n] = lds_u32(ring, kpb | (f1_ & KP4))
                     sk[0], sk[1], sk[2], sk[3] = mma_f16_16816(ka[0], ka[1], ka[2], ka[3], qa[2 * x], qa[2 * x + 1],
                                                                sk[0], sk[1], sk[2], sk[3])
             # my share as [head][token at 4·((k & 7) >> 1) + (k & 1) + 2·(k >> 3)]: lane (r, t) reads head r's
@@ -349,12 +385,12 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     for h in range(2):                    # groups 2b, 2b + 1 of the chunk: coordinate 8h + r
                         j = 2 * (b & 1) + h
                         # tokens (2t, 2t + 1), then (8 + 2t, 9 + 2t), as one pair each
-                        i0 = ((group_field(xv, c, j, v_bits, sh_v, 2) & V4)
-                              | (group_field(xv, XV + c, j, v_bits, sh_v, 2 + v_bits) & V4B))
-                        i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v, 2) & V4)
-                              | (group_field(xv, 3 * XV + c, j, v_bits, sh_v, 2 + v_bits) & V4B))
-                        va[h] = lds_u32(s_vp, vpb | i0)
-                        va[2 + h] = lds_u32(s_vp, vpb | i1)
+                        i0 = ((group_field(xv, c, j, v_bits, sh_v, VPRE) & V4)
+                              | (group_field(xv, XV + c, j, v_bits, sh_v, VPRE + v_bits) & V4B))
+                        i1 = ((group_field(xv, 2 * XV + c, j, v_bits, sh_v, VPRE) & V4)
+                              | (group_field(xv, 3 * XV + c, j, v_bits, sh_v, VPRE + v_bits) & V4B))
+                        va[h] = lds_u32(ring, vpb | i0)
+                        va[2 + h] = lds_u32(ring, vpb | i1)
                     o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3] = mma_f16_16816(
                         va[0], va[1], va[2], va[3], pa0, pa2, o[4 * b], o[4 * b + 1], o[4 * b + 2], o[4 * b + 3])
             at = uint32(at + uint32(4 * STW)) if at < uint32(4 * (OFF_A + (STAGES - 1) * STW)) else uint32(4 * OFF_A)
