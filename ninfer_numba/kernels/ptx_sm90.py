@@ -208,6 +208,14 @@ def _smem_bytes(smem):
     return _host_view(smem).reshape(-1).view(np.uint8)
 
 
+def _shared_vector(smem, byte, nbytes: int, dtype):
+    """The ``nbytes`` at ``byte`` of a simulated shared array as ``dtype`` (a vector load, aligned to its size)."""
+    b = int(byte)
+    if b % nbytes:
+        raise ValueError(f"{nbytes}-byte shared load at byte offset {b} is misaligned")
+    return _smem_bytes(smem)[b:b + nbytes].view(dtype)
+
+
 def _read_swizzled(buf: np.ndarray, start: int, rows: int) -> np.ndarray:
     """[rows, 16] float64: 16 f16 of each row of a swizzled K-major tile from byte ``start`` (the descriptor's
     start address), swizzled on the address bits as the hardware does (bits 4-6 ^= bits 7-9)."""
@@ -293,18 +301,12 @@ def _make_fallbacks():
 
     @cuda.jit(device=True)
     def ld_shared_v4_f32(smem, byte):
-        b = int(byte)
-        if b % 16:
-            raise ValueError(f"16-byte shared load at byte offset {b} is misaligned")
-        v = _smem_bytes(smem)[b:b + 16].view(np.float32)
+        v = _shared_vector(smem, byte, 16, np.float32)
         return v[0], v[1], v[2], v[3]
 
     @cuda.jit(device=True)
     def ld_shared_v2_u32(smem, byte):
-        b = int(byte)
-        if b % 8:
-            raise ValueError(f"8-byte shared load at byte offset {b} is misaligned")
-        v = _smem_bytes(smem)[b:b + 8].view(np.uint32)
+        v = _shared_vector(smem, byte, 8, np.uint32)
         return v[0], v[1]
 
     @cuda.jit(device=True)
