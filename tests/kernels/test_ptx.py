@@ -5,9 +5,10 @@ Every check is exact (integer ops, bit moves, data movement). Run under the simu
 """
 import numpy as np
 import pytest
+from numba import uint32
 
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
-from ninfer_numba.kernels import ptx
+from ninfer_numba.kernels import ptx, ptx_sm90
 
 pytestmark = [pytest.mark.cudasim,
               pytest.mark.skipif(not (SIMULATOR or gpu_available()), reason="needs the CUDA simulator or a GPU")]
@@ -185,6 +186,56 @@ def test_cp_async_16_global_to_shared():
     _cp_async_kernel[1, 64](cuda.to_device(src), out)
     chunks = src.reshape(64, 4)[::-1]
     np.testing.assert_array_equal(out.copy_to_host().reshape(64, 4), np.roll(chunks, -1, axis=0))
+
+
+@cuda.jit
+def _cp_async_groups_kernel(src, out):
+    """src: [3, 32, 4] uint32; thread l copies its 16 bytes of each of 3 parts as 3 groups, then reads part 0
+    after wait_group 2 (the oldest group) and parts 1, 2 after wait_group 0, each as two 8-byte shared loads
+    of another lane's words; out: [3, 32, 4]."""
+    ring = cuda.shared.array(0, uint32, alignment=16)       # [3, 32, 4]
+    lane = cuda.threadIdx.x
+    for part in range(3):
+        ptx_sm90.cp_async_16b(ring, 16 * (32 * part + lane), src, 4 * (32 * part + lane))
+        ptx.cp_async_commit()
+    ptx.cp_async_wait_2()
+    cuda.syncthreads()
+    other = 31 - lane
+    out[0, lane, 0], out[0, lane, 1] = ptx_sm90.ld_shared_v2_u32(ring, 16 * other)
+    out[0, lane, 2], out[0, lane, 3] = ptx_sm90.ld_shared_v2_u32(ring, 16 * other + 8)
+    ptx.cp_async_wait_all()
+    cuda.syncthreads()
+    for part in range(1, 3):
+        at = 16 * (32 * part + other)
+        out[part, lane, 0], out[part, lane, 1] = ptx_sm90.ld_shared_v2_u32(ring, at)
+        out[part, lane, 2], out[part, lane, 3] = ptx_sm90.ld_shared_v2_u32(ring, at + 8)
+
+
+def test_cp_async_groups_and_8_byte_shared_loads():
+    rng = np.random.default_rng(9)
+    src = rng.integers(0, 2**32, (3, 32, 4), dtype=np.uint64).astype(np.uint32)
+    out = cuda.to_device(np.zeros((3, 32, 4), np.uint32))
+    _cp_async_groups_kernel[1, 32, 0, 3 * 32 * 16](cuda.to_device(src), out)
+    np.testing.assert_array_equal(out.copy_to_host(), src[:, ::-1])
+
+
+@cuda.jit
+def _ex2_kernel(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = ptx.ex2_approx(x[i])
+
+
+def test_ex2_approx_is_exp2_with_subnormals_flushed():
+    """2^x to ~2^-22 relative (the one MUFU, no range scaling): 2^-inf is 0, results below 2^-126 are 0."""
+    x = np.array([-np.inf, -300, -127.5, -125.5, -30.25, -1.5, -1e-3, 0, 0.3, 7.75, 100], np.float32)
+    out = cuda.to_device(np.zeros(x.size, np.float32))
+    _ex2_kernel[1, 32](cuda.to_device(x), out)
+    got = out.copy_to_host()
+    want = np.exp2(x.astype(np.float64))
+    want[want < 2.0 ** -126] = 0
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+    assert got[0] == 0 and got[2] == 0 and got[3] > 0
 
 
 @cuda.jit
