@@ -93,6 +93,17 @@ def pair_table_filler(bits: int, copies: int = 1):
     other's banks)."""
     mask = (1 << bits) - 1
     shift = copies.bit_length() - 1
+    if bits == 3 and copies == 32 and TPB == 128:
+        # a copy per lane: thread (w, l) writes word 32e + l of entries e = w + 4j, whose first code is level
+        # w or w + 4 (j even, odd) and whose second is level j >> 1: 10 loads held in registers, 16 stores
+        @cuda.jit(device=True, inline=True)
+        def fill_lanes(words, at, levels, tid):
+            w = tid >> 5
+            lo_even = levels[w]
+            lo_odd = levels[w + 4]
+            for j in range(16):
+                words[at + tid + 128 * j] = pack_f16x2(lo_odd if j & 1 else lo_even, levels[j >> 1])
+        return fill_lanes
 
     @cuda.jit(device=True, inline=True)
     def fill(words, at, levels, tid):
