@@ -232,8 +232,6 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         griddep_wait()                                    # kernels/pdl.py: before any global access
         griddep_launch_dependents()                       # the combine may be scheduled; it waits for us
         smem = cuda.shared.array(0, float32, alignment=16)
-        # code pair -> (level lo, level hi) as f16x2, keys (two coordinates) and values (two tokens); aligned
-        # to their size, so a pair's byte offset ORs into the base (lds_u32)
         split, hk, tid, w, lane, max_seq, n_kv, per = place(kv_len, k_norms)
         r = lane >> 2                                     # fragment row (head) / column (token, coordinate)
         t = lane & 3
