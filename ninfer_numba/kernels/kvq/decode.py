@@ -181,14 +181,34 @@ def raise_max(m, lsum, acc, g, mx):
 
 
 @lru_cache(maxsize=None)
+def split_rotate_out(G: int, d: int, OFF_A: int):
+    """rotate_out(smem, rot, lane, w, split, hk, part_o, v_signs): the split's value sums [G, d] at OFF_A in
+    shared memory (a barrier first) rotated back by warps (warp_fwht, the values' signs, 1/sqrt(d)) into
+    part_o. The end of every partial: after split_merge's merge of the warps' slots, or directly where the
+    warps' outputs are disjoint coordinates of one softmax (decode_mma.py)."""
+    V = d // 32                  # coordinates of a row per lane in the warp-held rotations
+    INV_SQRT_D = float32(1.0 / math.sqrt(d))
+
+    @cuda.jit(device=True, inline=True)
+    def rotate_out(smem, rot, lane, w, split, hk, part_o, v_signs):
+        for g in range(w, G, NW):                         # the values' rotation back, per split, by warps
+            for k in range(V):
+                rot[k] = smem[OFF_A + g * d + V * lane + k]
+            warp_fwht(rot, V, lane)
+            for k in range(V):
+                i = V * lane + k
+                part_o[split, hk * G + g, i] = rot[k] * v_signs[i] * INV_SQRT_D
+    return rotate_out
+
+
+@lru_cache(maxsize=None)
 def split_merge(G: int, d: int, OFF_A: int, OFF_ML: int):
     """The end of a partial block once each warp has put its value accumulators [G, d] at OFF_A + (w·G +
     g)·d and its (max, sum) per head at OFF_ML + 2·(w·G + g) in shared memory (a barrier first): merged into
-    warp 0's rows, the split's (max, sum) written, then the values rotated back by warps (warp_fwht) into
-    part_o. Shared by every partial (decode.py, decode_tokens.py, decode_mma.py)."""
-    V = d // 32                  # coordinates of a row per lane in the warp-held rotations
-    INV_SQRT_D = float32(1.0 / math.sqrt(d))
+    warp 0's rows, the split's (max, sum) written, then split_rotate_out. Shared by the lanes and token-lane
+    partials (decode.py, decode_tokens.py)."""
     f0 = float32(0.0)
+    rotate_out = split_rotate_out(G, d, OFF_A)
 
     @cuda.jit(device=True, inline=True)
     def merge(smem, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs):
@@ -212,13 +232,7 @@ def split_merge(G: int, d: int, OFF_A: int, OFF_ML: int):
                 part_ml[split, hk * G + g, 0] = mm
                 part_ml[split, hk * G + g, 1] = ll
         cuda.syncthreads()
-        for g in range(w, G, NW):                         # the values' rotation back, per split, by warps
-            for k in range(V):
-                rot[k] = smem[OFF_A + g * d + V * lane + k]
-            warp_fwht(rot, V, lane)
-            for k in range(V):
-                i = V * lane + k
-                part_o[split, hk * G + g, i] = rot[k] * v_signs[i] * INV_SQRT_D
+        rotate_out(smem, rot, lane, w, split, hk, part_o, v_signs)
     return merge
 
 

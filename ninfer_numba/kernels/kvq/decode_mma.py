@@ -1,7 +1,7 @@
 """Decode attention over the 3/4-bit KV cache, third partial kernel: scores and values on tensor cores.
 
-Same inputs, outputs, split-K contract, merge (decode.split_merge) and combine as kvq/decode.py (read its
-docstring first); only the partial's main loop differs. decode.py and decode_tokens.py spend ~230 and ~148
+Same inputs, outputs, split-K contract, rotation back (decode.split_rotate_out) and combine as kvq/decode.py
+(read its docstring first); only the partial's main loop differs. decode.py and decode_tokens.py spend ~230 and ~148
 SASS instructions per (token, KV head) on FMAs against codebook values (4 per code at G = 4) and their
 table loads; here each code becomes one half of an f16 pair and the products run as mma.m16n8k16 (fp16
 operands, fp32 accumulators: kernels/flash_attn/mma_f16.py's fragment layouts). The block walks its split in
@@ -27,8 +27,8 @@ codes), so every warp sees every tile; lane (r, t) = (lane >> 2, lane & 3):
           groups of the value rows of tokens 2t, 2t + 1 (and 8 + 2t, 9 + 2t) and looks each two tokens' codes
           up as one f16 pair (the reduction runs over tokens); O[heads 2t, 2t + 1] at those coordinates stay
           in registers (heads >= G are padding).
-  end     each warp's coordinates and the common (max, sum) go to split_merge's first slot (the others
-          empty), which rotates the split's output back as for the other partials.
+  end     every warp holds the common (max, sum) and its own coordinates of the split's output: nothing to
+          merge; they go to s_a and are rotated back as for the other partials, warp 0 writes (max, sum).
 
 Loads: the codes come from DRAM (in the step the weights' GEMVs have just evicted them). A block's tiles
 (16 key rows, 16 value rows and their norms: contiguous runs of the caches) are copied with cp.async into a
@@ -39,8 +39,8 @@ codes in L2 as from DRAM and no faster after its loop lost 25 % of its instructi
 its loads' round trip. The copies need whole tiles of rows: engine/cache.py allocates coded caches in
 multiples of 16 rows, and a cache of other rows is refused.
 
-Offline sm_90a (9B shape): 95 (k3v3), 94 (k4v3), 89 (k4v4) registers, no local memory; the main loop
-421 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
+Offline sm_90a (9B shape): 102 (k3v3), 100 (k4v3), 96 (k4v4) registers, no local memory; the main loop
+397 SASS a tile at k3v3 (945 while the copies were a loop over a tile's chunks with a branch per run).
 Heads as the rows of A (queries fixed, rows >= G zero) took 16 mma and 42 register moves a tile: ptxas
 rebuilt the zero halves of the A operands before every mma. 3 and 4 bits only, up to 8 query heads per KV
 head (the columns of one mma).
@@ -50,11 +50,11 @@ a warp's random lookups take two shared-memory wavefronts; each lane has its own
 word 32e + l: 8 KB a table), so every lookup is one wavefront. 4-bit tables (256 entries) stay single.
 
 Buffers as decode.py; shared memory (dynamic): s_q [G, d] f32 (rotated queries) | s_s [2, NW, 8, 16] |
-s_ml [NW, G, 2] | the ring [STAGES, stage_words] u32, after the loop the merge's s_a [G, d] f32 | the pair
+the ring [STAGES, stage_words] u32, after the loop the split's output s_a [G, d] f32 | the pair
 tables (u32 f16x2: [64, 32] at 3 bits, [256] at 4), each at an address aligned to its size. Before the loop
 s_s holds s_qf [d/16, 32, 2] u32 (the queries' A fragments (a0, a2), read once into registers). Caches as
-decode.py's, rows a multiple of 16. At 3 bits and d = 256: 44.4 KB a block at 4 query heads a KV head,
-48.5 KB at 8 (past the default 48 KiB: the launcher opts in, kernels/dynamic_smem.py).
+decode.py's, rows a multiple of 16. At 3 bits and d = 256: 44.2 KB a block at 4 query heads a KV head,
+48.2 KB at 8 (past the default 48 KiB: the launcher opts in, kernels/dynamic_smem.py).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.decode import (MMA_MAX_GROUP, MMA_TILE, NEG_INF, NW, TPB, block_place, funnel,
-                                             pair_table_filler, rotate_query, split_merge)
+                                             pair_table_filler, rotate_query, split_rotate_out)
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
@@ -106,21 +106,19 @@ def stage_words(d: int, k_bits: int, v_bits: int) -> int:
 
 
 def smem_words(G: int, d: int, k_bits: int, v_bits: int) -> tuple[int, ...]:
-    """(offsets of s_q, s_s, s_ml, the ring, the tables; total words) of the partial's dynamic shared memory;
+    """(offsets of s_q, s_s, the ring, the tables; total words) of the partial's dynamic shared memory;
     s_s [2, SHARE] holds each warp's share of a tile's scores [NW, 8 heads, 16 tokens], double-buffered (one
-    barrier per tile). The ring [STAGES, stage_words] ends with the main loop; the merge's accumulators
-    then take its words: slot 0 of s_a [NW, G, d] only, as every warp's coordinates go there and the other
-    slots are empty (split_merge skips them unread; every offset a multiple of 4 words: the ring's stages
-    are 16-byte cp.async targets). Then the two pair tables (table_words), the one with the larger alignment
+    barrier per tile). The ring [STAGES, stage_words] ends with the main loop; the split's output s_a [G, d]
+    then takes its words (every offset a multiple of 4 words: the ring's stages are 16-byte cp.async
+    targets). Then the two pair tables (table_words), the one with the larger alignment
     first, each at an address aligned to its size: the kernel finds that address in the words after off_t
     (the shared window's alignment of dynamic memory is not known ahead), so they hold one alignment more."""
     off_q = 0
     off_s = off_q + G * d
-    off_ml = off_s + 2 * SHARE
-    off_a = off_ml + 2 * NW * G
+    off_a = off_s + 2 * SHARE
     off_t = off_a + max(G * d, STAGES * stage_words(d, k_bits, v_bits))
     (kw, ka), (vw, va) = table_words(k_bits), table_words(v_bits)
-    return off_q, off_s, off_ml, off_a, off_t, off_t + kw + vw + max(ka, va) // 4
+    return off_q, off_s, off_a, off_t, off_t + kw + vw + max(ka, va) // 4
 
 
 @lru_cache(maxsize=None)
@@ -170,12 +168,12 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
     VTW, VTA = table_words(v_bits)
     TA = max(KTA, VTA)                  # the first table's alignment (bytes); the second follows it
     K_FIRST = KTA >= VTA
-    OFF_Q, OFF_S, OFF_ML, OFF_A, OFF_T, _ = smem_words(G, d, k_bits, v_bits)
+    OFF_Q, OFF_S, OFF_A, OFF_T, _ = smem_words(G, d, k_bits, v_bits)
     INV_SQRT_D = float32(1.0 / math.sqrt(d))
     SCORE = float32(LOG2E / d ** 1.5)
     f0 = float32(0.0)
     z = uint32(0)
-    merge = split_merge(G, d, OFF_A, OFF_ML)
+    rotate_out = split_rotate_out(G, d, OFF_A)
     place = block_place(n_splits, STEP)
     fill_k = pair_table_filler(k_bits, KTW >> (2 * k_bits))
     fill_v = pair_table_filler(v_bits, VTW >> (2 * v_bits))
@@ -396,8 +394,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         cuda.syncthreads()                                # and every warp past its last tile: s_a takes it
         lsum += shfl_xor_f32(lsum, 1)                     # head r's sum over its 4 lanes
         lsum += shfl_xor_f32(lsum, 2)
-        # every warp holds the block's (max, sum) and its own coordinates: all of it goes to the merge's
-        # first slot, the other slots are empty (max -inf)
+        # every warp holds the block's (max, sum) and its own coordinates of one softmax: nothing to merge
+        # (split_merge's walk over the warps' slots cost ~1,260 SASS a warp, 2.5 tiles' worth); the
+        # coordinates go to s_a [G, d] and are rotated back, warp 0 writes the split's (max, sum)
         if mine:                                          # O[head 2t, 2t + 1][coordinates 16b + r, + 8]
             for b in range(NO // 4):
                 for h in range(2):
@@ -407,10 +406,9 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
                     if 2 * t + 1 < G:
                         smem[OFF_A + (2 * t + 1) * d + col] = o[4 * b + 2 * h + 1]
         if w == 0 and r < G and t == 0:
-            smem[OFF_ML + 2 * r] = m
-            smem[OFF_ML + 2 * r + 1] = lsum
-            for u in range(1, NW):
-                smem[OFF_ML + 2 * (u * G + r)] = NEG_INF
-        merge(smem, rot, lane, w, tid, split, hk, part_o, part_ml, v_signs)
+            part_ml[split, hk * G + r, 0] = m
+            part_ml[split, hk * G + r, 1] = lsum
+        cuda.syncthreads()
+        rotate_out(smem, rot, lane, w, split, hk, part_o, v_signs)
 
     return partial, split_combine_kernel(d, n_splits, STEP, gated)
