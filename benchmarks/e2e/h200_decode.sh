@@ -55,7 +55,8 @@
 #               decode rows (lanes, tokens, mma), our decode at depth 32K with f16, k3v3 (auto) and k3v3
 #               with the tokens partial, then decode_profile of k3v3 at 32K, and of f16 and k3v3 with every
 #               kernel after an L2 flush (--cold), in what is left of DEADLINE (570) s
-#   STAGE=kv_llamacpp: llama.cpp built and the 9b file (the coded-cache GPU tests meanwhile), then the decode
+#   STAGE=kv_llamacpp: llama.cpp built and the 9b file (meanwhile the coded-cache GPU tests and bench_attn's
+#               k3v3 mma partial at 16 / 8K / 32K cached tokens), then the decode
 #               at depth 32K of ours with k3v3 beside llama.cpp's q8_0 cache, and ours with f16 beside its q4_0
 #               (issue 14's speed gate; records in $OUT/kv_llamacpp.tgz), then decode_profile of k3v3 at 32K
 #               and our k4v4 decode with the token-lane and mma partials, in what is left of DEADLINE (570) s
@@ -364,6 +365,9 @@ kv_llamacpp)
   left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
   start_builds "$OUT/logs"
   coded_gpu_tests 150 6                                    # the GPU is idle while llama.cpp builds
+  timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only kvq --kvq-types k3v3 --kvq-variants mma \
+    --kvq-lengths 16,8192,32768 --out "$OUT/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
+  say "bench_attn, the k3v3 mma partial (exit $?):"; grep kvq_decode "$OUT/logs/bench_attn.log"
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
   while [ ! -f /tmp/ninfer_9b_ready ]; do sleep 2; done
   kill $gen 2>/dev/null; pkill -f "make-model --shape 27b"     # the 27b file is not needed here
