@@ -84,11 +84,18 @@ def test_ldg_nc_v4_u32_on_int8_matrix():
     np.testing.assert_array_equal(out.copy_to_host(), w.reshape(-1).view(np.uint32))
 
 
-@cuda.jit
-def _bits_kernel(i32, f32_out):
-    i = cuda.grid(1)
-    if i < i32.size:
-        f32_out[i] = ptx.i32_as_f32(i32[i])
+def _elementwise(op):
+    """A kernel writing out[i] = op(x[i]) for every element of x (a per-thread intrinsic)."""
+    @cuda.jit
+    def kernel(x, out):
+        i = cuda.grid(1)
+        if i < x.size:
+            out[i] = op(x[i])
+    return kernel
+
+
+_bits_kernel = _elementwise(ptx.i32_as_f32)
+_ex2_kernel = _elementwise(ptx.ex2_approx)
 
 
 def test_i32_as_f32_reinterprets_bits():
@@ -217,13 +224,6 @@ def test_cp_async_groups_and_8_byte_shared_loads():
     out = cuda.to_device(np.zeros((3, 32, 4), np.uint32))
     _cp_async_groups_kernel[1, 32, 0, 3 * 32 * 16](cuda.to_device(src), out)
     np.testing.assert_array_equal(out.copy_to_host(), src[:, ::-1])
-
-
-@cuda.jit
-def _ex2_kernel(x, out):
-    i = cuda.grid(1)
-    if i < x.size:
-        out[i] = ptx.ex2_approx(x[i])
 
 
 def test_ex2_approx_is_exp2_with_subnormals_flushed():
