@@ -46,11 +46,11 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, uint32, uint64
 
+from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
 from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
-from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.kvq.append import KvqTables
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
