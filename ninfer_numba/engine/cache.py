@@ -9,7 +9,7 @@ import numpy as np
 
 from ninfer_numba.config import ModelConfig
 from ninfer_numba.kernels import position
-from ninfer_numba.kernels.kvq.decode import MMA_TILE
+from ninfer_numba.kernels.kvq.decode import mma_rows
 from ninfer_numba.kernels.kvq.ref import KV_TYPES, vector_bytes
 from ninfer_numba.kernels.numba_env import cuda
 
@@ -18,7 +18,7 @@ def kvq_cache_shapes(kv_type: str, Hkv: int, max_seq: int, d: int):
     """(shape, dtype) of a coded layer's k codes, k norms (float16 bits), v codes, v norms: max_seq rows
     rounded up to whole tiles of the mma decode partial (kvq/decode_mma.py copies 16 rows at once)."""
     k_bits, v_bits = KV_TYPES[kv_type]
-    rows = -(-max_seq // MMA_TILE) * MMA_TILE
+    rows = mma_rows(max_seq)
     return [((Hkv, rows, d * k_bits // 8), np.uint8), ((Hkv, rows), np.uint16),
             ((Hkv, rows, d * v_bits // 8), np.uint8), ((Hkv, rows), np.uint16)]
 
@@ -27,7 +27,7 @@ def kv_memory_bytes(c: ModelConfig, kv_type: str, max_seq: int) -> int:
     """Bytes of the attention layers' caches of one sequence of max_seq tokens, as SequenceState allocates
     them: f16, [Hkv, max_seq, d] float16 K and V per layer; a coded type, each layer's codes and norms."""
     if kv_type in KV_TYPES:
-        max_seq = kvq_cache_shapes(kv_type, c.n_head_kv, max_seq, c.head_dim)[1][0][1]
+        max_seq = mma_rows(max_seq)
     vectors = len(c.attention_layers) * c.n_head_kv * max_seq
     return vectors * sum(vector_bytes(kv_type, c.head_dim))
 

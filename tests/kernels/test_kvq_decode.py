@@ -8,7 +8,7 @@ import pytest
 
 from ninfer_numba.kernels.kvq import ref
 from ninfer_numba.kernels.kvq.append import KvqTables
-from ninfer_numba.kernels.kvq.decode import MMA_TILE, KvqDecodeWorkspace, chunk_tokens, kvq_attention_decode
+from ninfer_numba.kernels.kvq.decode import MMA_TILE, KvqDecodeWorkspace, chunk_tokens, kvq_attention_decode, mma_rows
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, gpu_available
 
 needs_sim_or_gpu = pytest.mark.skipif(not (SIMULATOR or gpu_available()),
@@ -23,7 +23,7 @@ ATOL = {"lanes": 2e-5, "tokens": 2e-5, "mma": 2e-3}
 
 def check_decode(H, Hkv, d, L, max_seq, k_bits, v_bits, n_splits, rng, variant="lanes"):
     if variant == "mma":                  # it copies whole tiles of rows: engine/cache.py allocates multiples
-        max_seq = -(-max_seq // MMA_TILE) * MMA_TILE
+        max_seq = mma_rows(max_seq)
     q = rng.standard_normal((H, d)).astype(np.float32) * 2
     k = rng.standard_normal((L, Hkv, d)).astype(np.float32) * rng.uniform(0.5, 3, (L, Hkv, 1))
     v = rng.standard_normal((L, Hkv, d)).astype(np.float32)

@@ -48,7 +48,6 @@ from numba import float32, uint32, uint64
 
 from ninfer_numba.kernels.dynamic_smem import allow_dynamic_smem
 from ninfer_numba.kernels.flash_attn.decode import LOG2E, h2_to_f32
-from ninfer_numba.kernels.flash_attn.mma_f16 import pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import COMB_TPB, split_combine_kernel, split_range_len
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.append import KvqTables
@@ -83,34 +82,6 @@ def funnel(hi, lo, sh):
     """Bits sh.. of the 64-bit word hi:lo as uint32 (sh < 64; one SHF.R.U64 in the partials' sm_90a SASS): a
     code group that straddles two words of a coded row. The three partials read their groups through it."""
     return uint32(((uint64(hi) << uint64(32)) | uint64(lo)) >> uint64(sh))
-
-
-@lru_cache(maxsize=None)
-def pair_table_filler(bits: int, copies: int = 1):
-    """fill(words, at, levels, tid): words[at + (c0 | c1 << bits)·copies + k] = (levels[c0], levels[c1]) as
-    one f16x2 word for every pair of codes and each of ``copies`` (a power of two) copies, by a block of TPB
-    threads (the mma partial's lookups of two codes at once; a copy per lane keeps a warp's lookups off each
-    other's banks)."""
-    mask = (1 << bits) - 1
-    shift = copies.bit_length() - 1
-    if bits == 3 and copies == 32 and TPB == 128:
-        # a copy per lane: thread (w, l) writes word 32e + l of entries e = w + 4j, whose first code is level
-        # w or w + 4 (j even, odd) and whose second is level j >> 1: 10 loads held in registers, 16 stores
-        @cuda.jit(device=True, inline=True)
-        def fill_lanes(words, at, levels, tid):
-            w = tid >> 5
-            lo_even = levels[w]
-            lo_odd = levels[w + 4]
-            for j in range(16):
-                words[at + tid + 128 * j] = pack_f16x2(lo_odd if j & 1 else lo_even, levels[j >> 1])
-        return fill_lanes
-
-    @cuda.jit(device=True, inline=True)
-    def fill(words, at, levels, tid):
-        for i in range(tid, copies << (2 * bits), TPB):
-            e = i >> shift
-            words[at + i] = pack_f16x2(levels[e & mask], levels[e >> bits])
-    return fill
 
 
 @cuda.jit(device=True, inline=True)
@@ -482,6 +453,11 @@ def kvq_attention_decode(q, k_codes, k_norms, v_codes, v_norms, kv_len, k_tables
         combine[(H, (d + 31) // 32, 1), COMB_TPB, stream](ws.part_o.reshape((1,) + ws.part_o.shape),
                                                           ws.part_ml.reshape((1,) + ws.part_ml.shape), kv_len,
                                                           proj if gated else ws.no_gate, out.reshape(1, out.size))
+
+
+def mma_rows(rows: int) -> int:
+    """``rows`` rounded up to whole tiles of the mma partial: the rows a coded cache is allocated with."""
+    return -(-rows // MMA_TILE) * MMA_TILE
 
 
 def pick_partial(choice: str, k_bits: int, v_bits: int, capacity: int, group: int = 1) -> str:

@@ -69,7 +69,7 @@ from ninfer_numba.kernels.flash_attn.mma_f16 import mma_f16_16816, pack_f16x2
 from ninfer_numba.kernels.flash_attn.split_combine import split_combine_kernel
 from ninfer_numba.kernels.kernel_cache import cached_jit
 from ninfer_numba.kernels.kvq.decode import (MMA_MAX_GROUP, MMA_TILE, NEG_INF, NW, TPB, block_place, funnel,
-                                             pair_table_filler, rotate_query, split_rotate_out)
+                                             rotate_query, split_rotate_out)
 from ninfer_numba.kernels.kvq.decode_tokens import lds_u32
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda, device_inline
 from ninfer_numba.kernels.pdl import griddep_launch_dependents, griddep_wait
@@ -87,6 +87,34 @@ def table_words(bits: int) -> tuple[int, int]:
     aligned to their size, so that a looked-up offset ORs into the base."""
     words = 64 * 32 if bits == 3 else 256
     return words, 4 * words
+
+
+@lru_cache(maxsize=None)
+def pair_table_filler(bits: int, copies: int = 1):
+    """fill(words, at, levels, tid): words[at + (c0 | c1 << bits)·copies + k] = (levels[c0], levels[c1]) as
+    one f16x2 word for every pair of codes and each of ``copies`` (a power of two) copies, by a block of TPB
+    threads (this partial's lookups of two codes at once; a copy per lane keeps a warp's lookups off each
+    other's banks)."""
+    mask = (1 << bits) - 1
+    shift = copies.bit_length() - 1
+    if bits == 3 and copies == 32 and TPB == 128:
+        # a copy per lane: thread (w, l) writes word 32e + l of entries e = w + 4j, whose first code is level
+        # w or w + 4 (j even, odd) and whose second is level j >> 1: 10 loads held in registers, 16 stores
+        @cuda.jit(device=True, inline=True)
+        def fill_lanes(words, at, levels, tid):
+            w = tid >> 5
+            lo_even = levels[w]
+            lo_odd = levels[w + 4]
+            for j in range(16):
+                words[at + tid + 128 * j] = pack_f16x2(lo_odd if j & 1 else lo_even, levels[j >> 1])
+        return fill_lanes
+
+    @cuda.jit(device=True, inline=True)
+    def fill(words, at, levels, tid):
+        for i in range(tid, copies << (2 * bits), TPB):
+            e = i >> shift
+            words[at + i] = pack_f16x2(levels[e & mask], levels[e >> bits])
+    return fill
 
 
 def warp_coordinates(d: int) -> int:
@@ -154,11 +182,10 @@ def _kernels(H: int, Hkv: int, d: int, k_bits: int, v_bits: int, n_splits: int, 
         raise ValueError(f"a tile's rows of {d} coordinates at {k_bits}/{v_bits} bits are more 16-byte chunks "
                          f"than the block has threads ({TPB})")
     NRM = 4 * 16 * (WK + WV)     # byte of a stage's key norms (its value norms 32 bytes on)
-    # a looked-up field is placed at its table offset's bits (4 bytes an entry: from bit 2) as it is extracted,
-    # so that one LOP3 masks it and ORs the table's base in
     # a pair table of 3-bit codes (64 entries) holds a copy per lane, entry e of lane l at word 32e + l, so
     # that a warp's 32 lookups hit 32 banks (one copy: entries e and e + 32 share a bank, 2 wavefronts a
-    # lookup); at 4 bits (256 entries) one copy. A field then sits at bit 7 of the byte offset, else bit 2.
+    # lookup); at 4 bits (256 entries) one copy. A looked-up field is extracted straight to its byte offset's
+    # bits (bit 7 in a lane-wide table, else bit 2), so that one LOP3 masks it and ORs the table's base in
     KPRE = 7 if k_bits == 3 else 2
     VPRE = 7 if v_bits == 3 else 2
     KP4 = uint32(((1 << (2 * k_bits)) - 1) << KPRE)       # a key pair's table byte offset
