@@ -1,8 +1,9 @@
 """Concurrent streams through the server, beside llama.cpp's llama-batched-bench on the same file.
 
     python -m benchmarks.e2e.concurrency --model M.gguf [--backend cuda] [--streams 1,2,4,8,16,32]
-        [--batch-slots 16] [--no-pack-prompts] [--prompt-tokens 128] [--max-tokens 128] [--llama-batched-bench PATH | --no-llamacpp]
-        [--out r.json]
+        [--batch-slots 16] [--no-pack-prompts] [--prompt-tokens 128] [--max-tokens 128]
+        [--llama-batched-bench PATH | --no-llamacpp]
+        [--out r.json]   (and r.png beside it: aggregate and per-stream t/s against the streams, both engines)
 
 Ours: `ninfer serve --batch-slots B` in a subprocess (server_stream.py's deployment shape; B greedy streams
 decoded together, the rest wait for a slot); after a warm-up request and a warm-up burst of min(max N,
@@ -48,7 +49,8 @@ def stream_chat(url: str, model: str, text: str, max_tokens: int, ready: threadi
         deltas, usage = chat_deltas(http, body)
     stamps = [t for t, d in deltas if d.get("content") or d.get("reasoning_content")]
     return {"start": t0, "first": stamps[0] if stamps else float("nan"), "last": stamps[-1] if stamps else t0,
-            "end": time.perf_counter(), "tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]}
+            "end": time.perf_counter(), "tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"],
+            "timings": usage.get("timings")}
 
 
 def run_batch(url: str, model: str, texts: list[str], max_tokens: int) -> dict:
@@ -80,7 +82,15 @@ def run_batch(url: str, model: str, texts: list[str], max_tokens: int) -> dict:
             "aggregate_tps": tokens / wall,
             "decode_aggregate_tps": (tokens - len(results)) / decode_span if decode_span > 0 else float("nan"),
             "slowest_stream_tps": min(per) if per else float("nan"),
-            "wall_s": wall, "send_spread_s": max(r["start"] for r in results) - min(r["start"] for r in results)}
+            "wall_s": wall, "send_spread_s": max(r["start"] for r in results) - min(r["start"] for r in results),
+            "server_ms": phases([r["timings"] for r in results if r["timings"]])}
+
+
+def phases(timings: list[dict]) -> dict:
+    """The server's phases of a batch's requests (worker.JobOutput.timings, ms): median and max of each."""
+    keys = ("prepare_ms", "queue_ms", "prefill_ms", "first_token_ms")
+    return {k: {"median": statistics.median(t[k] for t in timings), "max": max(t[k] for t in timings)}
+            for k in keys} if timings else {}
 
 
 def ours(a, log) -> list[dict]:
@@ -105,6 +115,9 @@ def ours(a, log) -> list[dict]:
             log(f"ours, {n} streams: aggregate {row['aggregate_tps']:.1f} t/s (decode "
                 f"{row['decode_aggregate_tps']:.1f}), median stream {row['median_stream_tps']:.1f} t/s, slowest "
                 f"{row['slowest_stream_tps']:.1f}; requests sent within {row['send_spread_s'] * 1e3:.1f} ms")
+            if row["server_ms"]:
+                log("  server ms (median / max): " + ", ".join(
+                    f"{k[:-3]} {v['median']:.1f} / {v['max']:.1f}" for k, v in row["server_ms"].items()))
             rows.append(row)
         return rows
 
@@ -134,16 +147,60 @@ def find_batched_bench(explicit: str | None) -> Path | None:
 
 
 def table(ours_rows: list[dict], llama_rows: list[dict]) -> str:
+    """Markdown: each stream count's aggregates (and x the one-stream row of the same engine and measure), the
+    median stream and the slowest against one stream alone (issue 17's gates: decode aggregate >= 6x,
+    slowest >= 0.35x at 16 streams)."""
     by_n = {r["streams"]: r for r in llama_rows}
-    one = ours_rows[0]["median_stream_tps"] if ours_rows and ours_rows[0]["streams"] == 1 else float("nan")
-    lines = ["| streams | ours aggregate t/s | ours per stream t/s | per stream / alone | llama.cpp S_TG t/s | "
-             "llama.cpp per stream t/s |", "|---:|---:|---:|---:|---:|---:|"]
+    one = next((r for r in ours_rows if r["streams"] == 1), None)
+    l_one = by_n.get(1)
+    x = lambda v, base: f"{v:.1f} ({v / base:.2f}x)" if base else f"{v:.1f}"     # noqa: E731
+    lines = ["| streams | ours aggregate t/s | ours decode aggregate t/s | ours median stream t/s | slowest / alone | "
+             "llama.cpp S_TG t/s | llama.cpp per stream t/s |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ours_rows:
         ll = by_n.get(r["streams"])
-        lines.append(f"| {r['streams']} | {r['aggregate_tps']:.1f} | {r['median_stream_tps']:.1f} | "
-                     f"{r['median_stream_tps'] / one:.2f} | {ll['aggregate_tps'] if ll else float('nan'):.1f} | "
-                     f"{ll['per_stream_tps'] if ll else float('nan'):.1f} |")
+        lines.append(
+            f"| {r['streams']} | {x(r['aggregate_tps'], one and one['aggregate_tps'])} | "
+            f"{x(r['decode_aggregate_tps'], one and one['decode_aggregate_tps'])} | {r['median_stream_tps']:.1f} | "
+            f"{r['slowest_stream_tps'] / one['median_stream_tps'] if one else float('nan'):.2f} | "
+            f"{x(ll['aggregate_tps'], l_one and l_one['aggregate_tps']) if ll else 'nan'} | "
+            f"{ll['per_stream_tps'] if ll else float('nan'):.1f} |")
     return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> Path:
+    """Aggregate and per-stream t/s against the number of streams, ours beside llama.cpp's, into path (png)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from benchmarks.plot import ENGINE_STYLE
+    fig, (agg, per) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ours, theirs = report["ours"], report["llamacpp"]
+    n = [r["streams"] for r in ours]
+    agg.plot(n, [r["aggregate_tps"] for r in ours], label="ninfer (wall, prefills included)",
+             **ENGINE_STYLE["ninfer"])
+    agg.plot(n, [r["decode_aggregate_tps"] for r in ours], label="ninfer (decode)", linestyle="--",
+             **ENGINE_STYLE["ninfer"])
+    per.plot(n, [r["median_stream_tps"] for r in ours], label="ninfer (median stream)", **ENGINE_STYLE["ninfer"])
+    per.plot(n, [r["slowest_stream_tps"] for r in ours], label="ninfer (slowest stream)", linestyle="--",
+             **ENGINE_STYLE["ninfer"])
+    if theirs:
+        m = [r["streams"] for r in theirs]
+        agg.plot(m, [r["aggregate_tps"] for r in theirs], label="llama.cpp S_TG", **ENGINE_STYLE["llama.cpp"])
+        per.plot(m, [r["per_stream_tps"] for r in theirs], label="llama.cpp S_TG / streams",
+                 **ENGINE_STYLE["llama.cpp"])
+    for ax, what in ((agg, "aggregate t/s"), (per, "t/s per stream")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(v) for v in n])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{Path(report['model']).name}: {report['prompt_tokens']}-token prompts, {report['max_tokens']} "
+                 f"tokens each, --batch-slots {report['batch_slots']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None) -> int:
@@ -173,6 +230,7 @@ def main(argv=None) -> int:
             report["llamacpp"] = llama_batched(binary, a, log)
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
+        log(f"plot: {plot(report, Path(a.out).with_suffix('.png'))}")
     print(table(report["ours"], report["llamacpp"]))
     return 0
 

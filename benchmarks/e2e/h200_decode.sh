@@ -8,8 +8,9 @@
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=kvq_check: the coded caches' and the f16 decode attention's GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
-#   STAGE=concurrency: 1 to 32 streams at once through the server on a 9B file with the vocabulary, beside
-#               llama-batched-bench on the same file (benchmarks/e2e/concurrency.py; issue 17's gate)
+#   STAGE=concurrency: 1 to 32 streams (STREAMS) at once through the server on a 9B file with the vocabulary,
+#               beside llama-batched-bench on the same file (benchmarks/e2e/concurrency.py: table, plot, the
+#               server's phases; issue 17's gate); KV_LOGITS=1: the 9b coded-cache logits test during the build
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
 #               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
 #   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
@@ -196,13 +197,33 @@ serving_check)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 concurrency)
+  # issue 17's benchmark: 1 to 32 streams through the server beside llama-batched-bench; with KV_LOGITS=1 the
+  # 9b logits test of the coded caches (issue 14) runs while llama.cpp builds (the GPU is idle meanwhile)
+  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
   python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
   build=$!
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1
+  if [ -n "${KV_LOGITS:-}" ]; then
+    python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
+    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+    genv=$!
+    NINFER_TEST_9B=models/q35-9b.gguf timeout 240 python3 -m pytest -q -m gpu -s -p no:cacheprovider \
+      tests/bench/test_kv_logits.py -k 9b > "$OUT/logs/kv_logits.log" 2>&1
+    say "9b logits test of the coded caches (exit $?): $(tail -1 "$OUT/logs/kv_logits.log")"
+    grep -E "rel|top-1|greedy" "$OUT/logs/kv_logits.log" | head -8
+    if kill -0 $build 2>/dev/null; then       # the GPU idle until the build is done: the 16-row step's kernels
+      timeout 100 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --batches 1,16 --profile 16 \
+        --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
+      say "batched_decode --profile 16, llama.cpp building beside it (exit $?):"
+      grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -22
+    fi
+    wait $genv
+  else
+    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1
+  fi
   wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
-  timeout $(( 570 - SECONDS > 30 ? 570 - SECONDS : 30 )) python3 -m benchmarks.e2e.concurrency \
-    --model models/q35-9b-vocab.gguf --backend cuda --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -v "^WARNING" "$OUT/logs/concurrency.log" | tail -10
+  timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
+    ${STREAMS:+--streams $STREAMS} --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
+  say "concurrency (exit $?):"; grep -E "^(ours|  server|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kvq_ncu)

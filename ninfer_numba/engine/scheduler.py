@@ -68,7 +68,7 @@ class Scheduler:
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
         # where the time goes (wall seconds on the calling thread): "prefill" (admissions, cache restores and
-        # snapshots included; "packed": the part in packed forwards), "step" (the decoder's steps: launches, and
+        # snapshots included; "packed": the part in packed forwards, "pack snapshots": their snapshots), "step" (the decoder's steps: launches, and
         # the waits in collect); counts: "prefills" (sequences admitted), "packs" (packed forwards), "packed"
         # (sequences admitted by them), "steps", "rows" (sequences stepped, summed over steps)
         self.seconds: Counter[str] = Counter()
@@ -146,8 +146,8 @@ class Scheduler:
         """One line: steps, mean rows, prefills, and the seconds of each."""
         steps = self.counts["steps"]
         c, sec = self.counts, self.seconds
-        packs = (f" ({c['packed']} of them in {c['packs']} packed forwards, {sec['packed']:.3f} s)"
-                 if c["packs"] else "")
+        packs = (f" ({c['packed']} of them in {c['packs']} packed forwards, {sec['packed']:.3f} s, "
+                 f"{sec['pack snapshots']:.3f} s of it their snapshots)" if c["packs"] else "")
         return (f"{steps} steps of {c['rows'] / max(steps, 1):.1f} rows on average in "
                 f"{sec['step']:.3f} s; {c['prefills']} prefills in {sec['prefill']:.3f} s{packs}")
 
@@ -174,9 +174,11 @@ class Scheduler:
         t0 = time.perf_counter()
         starts = [self._start(self._seat(self.waiting.popleft())) for _ in pack]
         tokens = dec.prefill_many([(q.slot, q.prompt_ids[b:]) for q, b in zip(pack, starts)])
+        t1 = time.perf_counter()
         if cache is not None:
             for q in pack:
                 cache.keep(q.prompt_ids, lambda s=q.slot: dec.snapshot(s))
+        self.seconds["pack snapshots"] += time.perf_counter() - t1
         self.counts["packs"] += 1
         self.counts["packed"] += len(pack)
         self.seconds["packed"] += time.perf_counter() - t0
