@@ -34,6 +34,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                         "16,384 tokens of capacity; else lanes)")
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=1024,
                    help="memory for state snapshots at prompt prefixes, reused across requests (0: off)")
+    p.add_argument("--cpu-weight-cache-mb", type=_non_negative, default=1024,
+                   help="cpu backend: memory for weight matrices kept dequantized between forwards (0: "
+                        "dequantize each on every use)")
     p.add_argument("--no-prefill-graphs", action="store_true",
                    help="run every prefill chunk eagerly instead of replaying captured CUDA graphs")
     p.add_argument("--no-pdl", action="store_true",
@@ -50,8 +53,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 def _engine_kwargs(a: argparse.Namespace) -> dict:
     """EngineConfig fields from the flags of _add_engine_args (max_seq aside: callers may raise it)."""
     return dict(prefill_chunk=a.prefill_chunk, gemm=a.gemm, kv_type=a.kv_type,
-                prefill_graphs=not a.no_prefill_graphs, prefix_cache_mb=a.prefix_cache_mb, gpus=a.gpus, pdl=not a.no_pdl,
-                pack_prompts=not a.no_pack_prompts, kvq_partial=a.kvq_partial)
+                prefill_graphs=not a.no_prefill_graphs, prefix_cache_mb=a.prefix_cache_mb, gpus=a.gpus,
+                pdl=not a.no_pdl, pack_prompts=not a.no_pack_prompts, kvq_partial=a.kvq_partial,
+                cpu_weight_cache_mb=a.cpu_weight_cache_mb)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:

@@ -66,7 +66,8 @@ class LLM:
         if self.backend == "cpu":
             from ninfer_numba.engine.cpu_runner import CpuRunner
             self.runner = CpuRunner(self.weights, max_seq, emulate_int8=emulate_int8,
-                                    kv_type=self.engine_config.kv_type)
+                                    kv_type=self.engine_config.kv_type,
+                                    weight_cache_bytes=self.engine_config.cpu_weight_cache_mb << 20)
         elif self.backend == "cuda" and self.engine_config.gpus:
             from ninfer_numba.engine.shard_plan import parse_gpus
             from ninfer_numba.engine.sharded_runner import ShardedCudaRunner
