@@ -45,6 +45,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pack-prompts", action="store_true",
                    help="with --batch-slots > 1: admit one waiting prompt per step instead of prefilling three or "
                         "more in one forward (each weight read once for all of them; the default)")
+    p.add_argument("--admit-chunk", type=_non_negative, default=512,
+                   help="with --batch-slots > 1: a prompt longer than this is prefilled this many tokens per step, "
+                        "between the other sequences' decode steps (0: the whole prompt in the step that admits it)")
     p.add_argument("--gpus", default="",
                    help="split the model by layers over these GPUs (cuda backend): a count or a list of ids, "
                         "0,0 for two shards on one GPU; `ninfer info --gpus` prints the split")
@@ -55,7 +58,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
     return dict(prefill_chunk=a.prefill_chunk, gemm=a.gemm, kv_type=a.kv_type,
                 prefill_graphs=not a.no_prefill_graphs, prefix_cache_mb=a.prefix_cache_mb, gpus=a.gpus,
                 pdl=not a.no_pdl, pack_prompts=not a.no_pack_prompts, kvq_partial=a.kvq_partial,
-                cpu_weight_cache_mb=a.cpu_weight_cache_mb)
+                cpu_weight_cache_mb=a.cpu_weight_cache_mb, admit_chunk=a.admit_chunk)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:

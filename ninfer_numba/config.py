@@ -242,6 +242,8 @@ class EngineConfig:
     prefix_reuse: bool = True      # a prompt that extends the previous sequence runs only its new tokens (llm.py)
     prefix_cache_mb: int = 1024    # snapshots of states at prompt prefixes, reused across requests; 0: off
     pack_prompts: bool = True      # batched serving: 3+ waiting prompts prefilled in one forward (scheduler.py)
+    admit_chunk: int = 512         # batched serving: a longer prompt is prefilled this many tokens a step,
+    #                                between the others' decode steps (scheduler.py); 0: all in one step
     snapshot_every: int = 2048     # a snapshot at every multiple of this many prompt tokens (prefix_cache.py)
     cpu_weight_cache_mb: int = 1024  # cpu backend: dequantized float32 matrices kept across forwards (0: none)
     device: int = 0
@@ -256,8 +258,8 @@ class EngineConfig:
             raise ValueError("prefill_chunk must be >= 1")
         if self.prefix_cache_mb < 0 or self.snapshot_every < 1:
             raise ValueError("prefix_cache_mb must be >= 0 and snapshot_every >= 1")
-        if self.cpu_weight_cache_mb < 0:
-            raise ValueError("cpu_weight_cache_mb must be >= 0")
+        if self.cpu_weight_cache_mb < 0 or self.admit_chunk < 0:
+            raise ValueError("cpu_weight_cache_mb and admit_chunk must be >= 0")
         if self.gemm not in ("auto", "w8a16", "mma", "dp4a"):
             raise ValueError(f"gemm must be auto, w8a16, mma or dp4a, not {self.gemm!r}")
         if self.gpus:

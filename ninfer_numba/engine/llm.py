@@ -122,13 +122,14 @@ class LLM:
         e = self.engine_config
         if self.backend == "cpu":
             from ninfer_numba.engine.cpu_runner import CpuSlots
-            return Scheduler(CpuSlots(self.runner.model, n_slots, self.max_seq), self.prefix_cache)
+            return Scheduler(CpuSlots(self.runner.model, n_slots, self.max_seq), self.prefix_cache,
+                             admit_chunk=e.admit_chunk)
         refusal = self.batch_refusal()
         if refusal:
             raise ValueError(f"{refusal}: use one slot (--batch-slots 1)")
         from ninfer_numba.engine.batched import BatchedDecoder
         return Scheduler(BatchedDecoder(self.runner.model, n_slots, self.max_seq, pdl=e.pdl, runner=self.runner),
-                         self.prefix_cache, pack=e.pack_prompts)
+                         self.prefix_cache, pack=e.pack_prompts, admit_chunk=e.admit_chunk)
 
     # -- tokens in, tokens out -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

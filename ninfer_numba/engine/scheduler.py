@@ -3,11 +3,14 @@
 ``Scheduler.step()`` is one round: a sequence that waits is admitted into a free slot and prefilled, which
 gives its first token (one per step, so an admission delays the active sequences' next token by one prefill at
 most; or, with a decoder that has ``prefill_many``, PACK_MIN or more waiting prompts at once in one packed
-forward, which reads the weights once for all of them); then every active sequence, the new ones included,
+forward, which reads the weights once for all of them); then every decoding sequence, the new ones included,
 advances one token in one batched step; a sequence
 whose token is a stop id or its max_tokens-th is retired and its slot freed. ``cancel`` retires one early (a
 client gone; a stop string matched, as "stop"). The scheduler is single-threaded: one thread adds, steps and
-cancels. A prompt's whole prefill runs in the step that admits it: a long one stalls the others that long.
+cancels. With ``admit_chunk`` > 0 a prompt whose rest is longer than that is prefilled admit_chunk tokens per
+step (pieces end at the prefix cache's snapshot cuts too), between the decoding sequences' steps, so a long
+prompt slows the others' tokens by one piece's forward a step instead of stalling them for its whole prefill;
+no other prompt is admitted until it is done. With 0 the whole prompt runs in the step that admits it.
 
 A slot decoder holds n_slots sequences and picks greedily (the argmax of the raw logits):
 
@@ -58,27 +61,43 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, decoder: Any, prefix_cache: Any = None, *, pack: bool = True) -> None:
-        """pack: admit several waiting prompts in one prefill_many when the decoder has it (LLM.scheduler
-        passes EngineConfig.pack_prompts)."""
+    def __init__(self, decoder: Any, prefix_cache: Any = None, *, pack: bool = True,
+                 admit_chunk: int = 0) -> None:
+        """pack: admit several waiting prompts in one prefill_many when the decoder has it; admit_chunk: the
+        prompt tokens a long admission runs per step, 0 for all at once (LLM.scheduler passes
+        EngineConfig.pack_prompts and admit_chunk)."""
+        if admit_chunk < 0:
+            raise ValueError(f"admit_chunk must be >= 0, not {admit_chunk}")
         self.decoder = decoder
         self.prefix_cache = prefix_cache
+        self.admit_chunk = admit_chunk
         self._pack = pack and hasattr(decoder, "prefill_many")
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
         # where the time goes (wall seconds on the calling thread): "prefill" (admissions, cache restores and
-        # snapshots included; "packed": the part in packed forwards, "pack snapshots": their snapshots), "step" (the decoder's steps: launches, and
-        # the waits in collect); counts: "prefills" (sequences admitted), "packs" (packed forwards), "packed"
-        # (sequences admitted by them), "steps", "rows" (sequences stepped, summed over steps)
+        # snapshots included; "packed": the part in packed forwards, "pack snapshots": their snapshots), "step"
+        # (the decoder's steps: launches, and the waits in collect); counts: "prefills" (sequences admitted),
+        # "packs" (packed forwards), "packed" (sequences admitted by them), "pieces" (prompt forwards of the
+        # others), "steps", "rows" (sequences stepped, summed over steps)
         self.seconds: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
         self._pipelined = hasattr(decoder, "launch")
         self._inflight: list[Sequence] | None = None  # the sequences of the launched, uncollected step
+        self._filling: Sequence | None = None          # seated, its prompt prefilled over several steps
+        self._fill_at = 0                              # prompt tokens _filling's slot holds
+        self._fill_ends: list[int] = []                # where its next pieces end (the last: the prompt's length)
+        self._fill_cuts: set[int] = set()              # those of them the prefix cache keeps a snapshot at
 
     @property
     def active(self) -> list[Sequence]:
+        """The seated sequences: decoding, or one whose prompt is still being prefilled."""
         return [q for q in self.slots if q is not None]
+
+    @property
+    def decoding(self) -> list[Sequence]:
+        """The seated sequences a step advances (all but one still prefilling its prompt)."""
+        return [q for q in self.slots if q is not None and q is not self._filling]
 
     @property
     def busy(self) -> bool:
@@ -106,6 +125,7 @@ class Scheduler:
     def abort(self) -> list[Sequence]:
         """After a failed step: retire every active sequence (as cancelled) and return them."""
         self._inflight = None
+        self._filling = None
         gone = self.active
         for seq in gone:
             self._retire(seq, "cancelled")
@@ -123,12 +143,16 @@ class Scheduler:
             live, self._inflight = self._inflight, None
             made += [self._emit(q, t) for q, t in zip(live, self.decoder.collect()) if not q.finished]
         t1 = time.perf_counter()
-        if self.waiting and None in self.slots:
+        if self._filling is not None:
+            admitted = self._fill()
+        elif self.waiting and None in self.slots:
             admitted = self._admit()
-            made += [self._emit(q, t) for q, t in admitted]
-            self.counts["prefills"] += len(admitted)
+        else:
+            admitted = []
+        made += [self._emit(q, t) for q, t in admitted]
+        self.counts["prefills"] += len(admitted)
         t2 = time.perf_counter()
-        live = self.active
+        live = self.decoding
         if live:
             slots, inputs = [q.slot for q in live], [q.generated[-1] for q in live]
             if self._pipelined:
@@ -169,8 +193,7 @@ class Scheduler:
                 room -= n - start
                 pack.append(seq)
         if len(pack) < PACK_MIN:
-            seq = self._seat(self.waiting.popleft())
-            return [(seq, self._prefill(seq))]
+            return self._begin_fill(self._seat(self.waiting.popleft()))
         t0 = time.perf_counter()
         starts = [self._start(self._seat(self.waiting.popleft())) for _ in pack]
         tokens = dec.prefill_many([(q.slot, q.prompt_ids[b:]) for q, b in zip(pack, starts)])
@@ -202,18 +225,34 @@ class Scheduler:
         seq.cached_tokens = start
         return start
 
-    def _prefill(self, seq: Sequence) -> int:
-        """Slot seq.slot from the longest cached prefix of the prompt (or empty), then the rest of the prompt,
-        split where the cache keeps snapshots; the greedy first token."""
-        dec, s, ids, cache = self.decoder, seq.slot, seq.prompt_ids, self.prefix_cache
+    def _begin_fill(self, seq: Sequence) -> list[tuple[Sequence, int]]:
+        """Slot seq.slot from the longest cached prefix of the prompt (or empty); the rest of the prompt in
+        pieces ending where the cache keeps snapshots and, with admit_chunk, every admit_chunk tokens; then
+        the first pieces (_fill)."""
+        ids, cache = seq.prompt_ids, self.prefix_cache
         start = self._start(seq)
         cuts = cache.boundaries(start, len(ids), seq.snapshot_at) if cache is not None else []
-        for b in cuts + [len(ids)]:
-            token = dec.prefill(s, ids[start:b])
-            start = b
-            if cache is not None:
-                cache.keep(ids[:b], lambda: dec.snapshot(s))
-        return token
+        grid = range(start + self.admit_chunk, len(ids), self.admit_chunk) if self.admit_chunk else []
+        self._filling, self._fill_at = seq, start
+        self._fill_ends, self._fill_cuts = sorted(set(cuts) | set(grid) | {len(ids)}), set(cuts) | {len(ids)}
+        return self._fill()
+
+    def _fill(self) -> list[tuple[Sequence, int]]:
+        """The next piece of the filling prompt (every piece without admit_chunk), snapshots kept at the cuts;
+        [(sequence, first token)] once its last piece ran, else []."""
+        dec, cache, seq = self.decoder, self.prefix_cache, self._filling
+        s, ids = seq.slot, seq.prompt_ids
+        while self._fill_ends:
+            end = self._fill_ends.pop(0)
+            token = dec.prefill(s, ids[self._fill_at:end])
+            self._fill_at = end
+            self.counts["pieces"] += 1
+            if cache is not None and end in self._fill_cuts:
+                cache.keep(ids[:end], lambda: dec.snapshot(s))
+            if self.admit_chunk and self._fill_ends:
+                return []
+        self._filling = None
+        return [(seq, token)]
 
     def _emit(self, seq: Sequence, token: int) -> tuple[Sequence, int]:
         seq.generated.append(token)
@@ -224,6 +263,8 @@ class Scheduler:
         return seq, token
 
     def _retire(self, seq: Sequence, reason: str) -> None:
+        if seq is self._filling:
+            self._filling = None
         self.slots[seq.slot] = None
         self.decoder.release(seq.slot)
         seq.finish_reason = reason

@@ -174,6 +174,47 @@ def test_abort_retires_the_active_and_keeps_the_waiting():
     assert sched.abort() == [a] and a.finish_reason == "cancelled" and list(sched.waiting) == [b]
 
 
+def test_a_long_prompt_fills_in_chunks_between_the_others_steps():
+    """admit_chunk 4: a 10-token prompt runs in pieces of 4, 4 and 2, one a step, while the sequence already
+    decoding keeps getting a token every step; nothing else is admitted meanwhile; both end with the tokens
+    they get alone; the prefill count is per sequence, the pieces per forward."""
+    dec = RecordingSlots(3)
+    sched = Scheduler(dec, admit_chunk=4)
+    a, b, c = Sequence([1, 2, 3], 8), Sequence(list(range(10, 20)), 5), Sequence([4], 3)
+    sched.add(a)
+    sched.step()                                        # a: prefill (3 <= 4: one piece), first step
+    sched.add(b)
+    sched.add(c)
+    made = [sched.step() for _ in range(3)]
+    assert dec.calls[2:] == [("prefill", 1, 4), ("step", (0,)), ("prefill", 1, 4), ("step", (0,)),
+                             ("prefill", 1, 2), ("step", (0, 1))]
+    assert [[q for q, _ in m] for m in made] == [[a], [a], [b, a, b]]
+    assert c.slot is None and list(sched.waiting) == [c] and sched.decoding == [a, b]
+    while sched.busy:
+        sched.step()
+    for q in (a, b, c):
+        assert q.generated == alone(q.prompt_ids, q.max_tokens), q
+    assert sched.counts["prefills"] == 3 and sched.counts["pieces"] == 5
+
+
+def test_cancelling_a_filling_prompt_frees_its_slot_for_the_next():
+    dec = RecordingSlots(1)
+    sched = Scheduler(dec, admit_chunk=2)
+    long, nxt = Sequence(list(range(1, 8)), 4), Sequence([9, 9], 3)
+    sched.add(long)
+    sched.add(nxt)
+    sched.step()
+    assert sched.active == [long] and sched.decoding == [] and not long.generated
+    sched.cancel(long)
+    assert long.finish_reason == "cancelled" and sched.slots == [None]
+    while sched.busy:
+        sched.step()
+    assert nxt.generated == alone([9, 9], 3) and len(long.generated) == 0
+    assert [c for c in dec.calls if c[0] == "prefill"] == [("prefill", 0, 2), ("prefill", 0, 2)]
+    with pytest.raises(ValueError, match="admit_chunk"):
+        Scheduler(dec, admit_chunk=-1)
+
+
 # -- the CPU backend: CpuSlots on the tiny model -------------------------------------------------------------
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 
@@ -203,6 +244,22 @@ def test_cpu_slots_equal_the_single_sequence_greedy(tiny_model, prompts):
         widths.append(len(sched.active))
     assert [q.generated for q in seqs] == want
     assert max(widths) == 3 and seqs[3].slot == seqs[1].slot       # the first slot freed is reused
+
+
+def test_cpu_slots_fill_long_prompts_in_chunks_with_the_same_tokens(tiny_model, prompts):
+    """admit_chunk 3 on the tiny model: prompts of 3 to ~10 tokens prefilled in pieces between the others'
+    steps give LLM.stream's greedy tokens, and a snapshot at a prompt's end is kept as without chunks."""
+    single = LLM(tiny_model, backend="cpu", max_seq=128, prefix_cache_mb=0)
+    want = [single.generate(p, GREEDY).token_ids for p in prompts]
+    llm = LLM(tiny_model, backend="cpu", max_seq=128, admit_chunk=3)
+    sched = llm.scheduler(2)
+    seqs = [Sequence(p, GREEDY.max_tokens, llm.stop_ids(GREEDY)) for p in prompts]
+    for q in seqs:
+        sched.add(q)
+    while sched.busy:
+        sched.step()
+    assert [q.generated for q in seqs] == want
+    assert sched.counts["pieces"] > len(prompts) and all(llm.prefix_cache.has(p) for p in prompts)
 
 
 def test_cpu_slots_share_the_prefix_cache_with_the_single_path(tiny_model, prompts):

@@ -161,6 +161,34 @@ def test_scheduler_on_the_gpu_equals_llm_stream_and_shares_snapshots(tmp_path):
     assert seq.generated == want[1].token_ids and got.token_ids == want[2].token_ids
 
 
+@pytest.mark.gpu
+def test_scheduler_fills_long_prompts_in_chunks_on_the_gpu(tmp_path):
+    """admit_chunk 8 on the cuda backend: prompts prefilled 8 tokens a step (through the decoder's staging
+    state, between the other slots' batched steps) give the tokens of the runner prefilling the same pieces
+    one after another, then decoding greedily."""
+    from ninfer_numba.engine.scheduler import Sequence
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, SPEC.n_vocab, n).tolist() for n in (5, 31, 17, 40)]
+    llm = _tiny_gpu_llm(tmp_path, prefix_cache_mb=0, admit_chunk=8)
+    want = []
+    for p in prompts:
+        llm.runner.reset()
+        for a in range(0, len(p), 8):
+            last = llm.runner.prefill(p[a:a + 8])
+        toks = [int(np.argmax(last))]
+        while len(toks) < 6:
+            toks.append(int(np.argmax(llm.runner.decode(toks[-1]))))
+        want.append(toks)
+    sched = llm.scheduler(3)
+    seqs = [Sequence(p, 6) for p in prompts]
+    for q in seqs:
+        sched.add(q)
+    while sched.busy:
+        sched.step()
+    assert [q.generated for q in seqs] == want
+    assert sched.counts["pieces"] == 1 + 4 + 3 + 5 and sched.counts["prefills"] == 4
+
+
 def test_slot_rows_check_their_slots():
     """set_rows takes B distinct slots in range, or fewer and a pad slot (host-side: no kernel runs)."""
     from types import SimpleNamespace
