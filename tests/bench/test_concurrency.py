@@ -1,23 +1,17 @@
 """benchmarks/e2e/concurrency.py on the tiny model (CPU server in a subprocess): N streams at once each get
 exactly --max-tokens tokens, and the report and table carry every N."""
 import json
-import socket
 
 from benchmarks.e2e.concurrency import main, table
 from ninfer_numba.synth import write_synthetic_gguf
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.server.helpers import free_port
 
 
 def test_streams_at_once_on_the_tiny_model(tmp_path, capsys):
     model = write_synthetic_gguf(tmp_path / "tiny.gguf", "tiny", seed=0)
     out = tmp_path / "r.json"
     assert main(["--model", str(model), "--backend", "cpu", "--streams", "1,3", "--prompt-tokens", "24",
-                 "--max-tokens", "5", "--port", str(_free_port()), "--no-llamacpp", "--out", str(out)]) == 0
+                 "--max-tokens", "5", "--port", str(free_port()), "--no-llamacpp", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [r["streams"] for r in report["ours"]] == [1, 3]
     for r in report["ours"]:

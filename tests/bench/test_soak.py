@@ -1,23 +1,17 @@
 """benchmarks/e2e/soak.py: a short soak of the tiny model's CPU server (every kind of request, clients that
 leave), and the memory verdict on made-up samples."""
 import json
-import socket
 
 import pytest
 
 from benchmarks.e2e.soak import KINDS, memory_growth, main
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.server.helpers import free_port
 
 
 def test_a_short_soak_has_no_failures(tmp_path, capsys):
     out = tmp_path / "soak.json"
     assert main(["--requests", "70", "--clients", "6", "--sample-every", "5", "--max-tokens", "4",
-                 "--port", str(_free_port()), "--out", str(out)]) == 0
+                 "--port", str(free_port()), "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["failures"] == [] and r["health_after"] == 200 and r["flat"]
     assert sum(r["outcomes"].values()) == 70 and r["outcomes"].get("200", 0) > 20

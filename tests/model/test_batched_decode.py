@@ -126,6 +126,17 @@ def test_packed_prefill_equals_the_runner(tmp_path):
         dec.prefill_many([(0, [1] * 20), (1, [1] * 20)])            # 40 tokens > the 32-row buffers
 
 
+def run_to_end(sched, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Each prompt's n greedy tokens through the scheduler, all added at once."""
+    from ninfer_numba.engine.scheduler import Sequence
+    seqs = [Sequence(p, n) for p in prompts]
+    for q in seqs:
+        sched.add(q)
+    while sched.busy:
+        sched.step()
+    return [q.generated for q in seqs]
+
+
 @pytest.mark.gpu
 def test_scheduler_on_the_gpu_equals_llm_stream_and_shares_snapshots(tmp_path):
     """LLM.scheduler on the cuda backend (BatchedDecoder slots): four prompts in three slots give LLM.stream's
@@ -139,12 +150,7 @@ def test_scheduler_on_the_gpu_equals_llm_stream_and_shares_snapshots(tmp_path):
     llm = _tiny_gpu_llm(tmp_path, prefix_cache_mb=0)
     want = [llm.generate(p, greedy).token_ids for p in prompts]
     sched = llm.scheduler(3)
-    seqs = [Sequence(p, 6) for p in prompts]
-    for q in seqs:
-        sched.add(q)
-    while sched.busy:
-        sched.step()
-    assert [q.generated for q in seqs] == want
+    assert run_to_end(sched, prompts, 6) == want
 
     twin, llm = _tiny_gpu_llm(tmp_path, prefix_reuse=False), _tiny_gpu_llm(tmp_path, prefix_reuse=False)
     a, b = prompts[1], prompts[1] + prompts[0]
@@ -166,7 +172,6 @@ def test_scheduler_fills_long_prompts_in_chunks_on_the_gpu(tmp_path):
     """admit_chunk 8 on the cuda backend: prompts prefilled 8 tokens a step (through the decoder's staging
     state, between the other slots' batched steps) give the tokens of the runner prefilling the same pieces
     one after another, then decoding greedily."""
-    from ninfer_numba.engine.scheduler import Sequence
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, SPEC.n_vocab, n).tolist() for n in (5, 31, 17, 40)]
     llm = _tiny_gpu_llm(tmp_path, prefix_cache_mb=0, admit_chunk=8)
@@ -180,12 +185,7 @@ def test_scheduler_fills_long_prompts_in_chunks_on_the_gpu(tmp_path):
             toks.append(int(np.argmax(llm.runner.decode(toks[-1]))))
         want.append(toks)
     sched = llm.scheduler(3)
-    seqs = [Sequence(p, 6) for p in prompts]
-    for q in seqs:
-        sched.add(q)
-    while sched.busy:
-        sched.step()
-    assert [q.generated for q in seqs] == want
+    assert run_to_end(sched, prompts, 6) == want
     assert sched.counts["pieces"] == 1 + 4 + 3 + 5 and sched.counts["prefills"] == 4
 
 

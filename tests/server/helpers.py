@@ -1,7 +1,8 @@
 """Joining streamed OpenAI chunks back into one message, checking the stream's shape on the way; waiting for a
-server-side condition."""
+server-side condition; a free port for a server in a subprocess."""
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Iterable
 
@@ -55,3 +56,10 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def free_port() -> int:
+    """A port the OS has just handed out on 127.0.0.1 (for a server started by the code under test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
