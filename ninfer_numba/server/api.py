@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from ninfer_numba.server import completions
 from ninfer_numba.server.chat import build_chat_prompt
+from ninfer_numba.server.engine_api import ServedEngine, check_engine
 from ninfer_numba.server.protocol import (APIError, ChatCompletionRequest, DetokenizeRequest, TokenizeRequest,
                                           parse_request)
 from ninfer_numba.server.responses import ResponseHeader
@@ -47,7 +48,7 @@ def body_limit(max_seq: int) -> int:
 class ServerState:
     """What the handlers share: the engine, its worker, the served model id and the admission limits."""
 
-    def __init__(self, llm, model_id: str, *, max_queue: int = MAX_QUEUE,
+    def __init__(self, llm: ServedEngine, model_id: str, *, max_queue: int = MAX_QUEUE,
                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS, batch_slots: int = BATCH_SLOTS):
         if max_queue < 0 or (default_max_tokens is not None and default_max_tokens < 1):
             raise ValueError(f"max_queue must be >= 0 and default_max_tokens >= 1 (got {max_queue}, "
@@ -163,12 +164,15 @@ def _error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers={**headers, **(err.headers or {})})
 
 
-def create_app(llm, *, api_key: str | None = None, model_id: str | None = None, max_queue: int = MAX_QUEUE,
-               default_max_tokens: int | None = DEFAULT_MAX_TOKENS, batch_slots: int = BATCH_SLOTS) -> FastAPI:
-    """The OpenAI-compatible app for one loaded model; `model_id` defaults to llm.model_id (the GGUF stem).
+def create_app(llm: ServedEngine, *, api_key: str | None = None, model_id: str | None = None,
+               max_queue: int = MAX_QUEUE, default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
+               batch_slots: int = BATCH_SLOTS) -> FastAPI:
+    """The OpenAI-compatible app for one loaded engine (server/engine_api.py: engine/llm.LLM or any object with
+    those members, checked here); `model_id` defaults to llm.model_id (the GGUF stem).
     max_queue: requests allowed to wait (more get 429); default_max_tokens: the completion limit of a request
     that sets none (None: the rest of the context); batch_slots: greedy requests decoded together (1: every
     request alone, one after another; server/worker.py)."""
+    check_engine(llm, batch_slots)
     server = ServerState(llm, model_id or str(llm.model_id), max_queue=max_queue,
                          default_max_tokens=default_max_tokens, batch_slots=batch_slots)
 

@@ -12,6 +12,7 @@ import logging
 import time
 
 from ninfer_numba.engine.scheduler import Sequence
+from ninfer_numba.server.engine_api import BatchingEngine
 from ninfer_numba.server.worker import Failed, Job, JobOutput
 
 log = logging.getLogger("ninfer_numba.server")
@@ -20,7 +21,7 @@ log = logging.getLogger("ninfer_numba.server")
 class BatchedJobs:
     """The scheduler's sequences and the jobs they belong to; used by the worker thread alone."""
 
-    def __init__(self, llm, n_slots: int):
+    def __init__(self, llm: BatchingEngine, n_slots: int):
         self.scheduler = llm.scheduler(n_slots)
         self.tokenizer = llm.tokenizer
         self._jobs: dict[Sequence, JobOutput] = {}     # unfinished sequences -> their job's output side

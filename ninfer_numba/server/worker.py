@@ -28,6 +28,7 @@ from typing import Any
 
 from ninfer_numba.config import SamplingParams
 from ninfer_numba.formats.tokenizer import IncrementalDecoder
+from ninfer_numba.server.engine_api import ServedEngine
 from ninfer_numba.server.output_parser import CONTENT, REASONING, TextDelta
 from ninfer_numba.server.stop_strings import StopStringFilter
 
@@ -124,7 +125,7 @@ class Job:
 
 
 class GenerationWorker:
-    def __init__(self, llm, batch_slots: int = 1):
+    def __init__(self, llm: ServedEngine, batch_slots: int = 1):
         if batch_slots < 1:
             raise ValueError(f"batch_slots must be >= 1, not {batch_slots}")
         from ninfer_numba.server.batching import BatchedJobs   # it imports this module
