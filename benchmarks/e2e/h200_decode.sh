@@ -8,49 +8,15 @@
 #               both engines on the 9b file (tg128 at depths 0, 8192, 32768), then on the 27b (tg128)
 #   STAGE=kvq_check: the coded caches' and the f16 decode attention's GPU tests, bench_attn's f16 and kvq decode rows (9B), our decode at depth
 #               32K with f16 and k3v3 (records in $OUT/kv.tgz)
-#   STAGE=concurrency: 1 to 32 streams (STREAMS) at once through the server on a 9B file with the vocabulary,
-#               beside llama-batched-bench on the same file (benchmarks/e2e/concurrency.py: table, plot, the
-#               server's phases; issue 17's gate); KV_LOGITS=1: the 9b coded-cache logits test during the build
 #   STAGE=kvq_ncu: ncu of the coded-cache decode kernels (partial and combine, k3v3 at 8K, 9B shape): speed of
 #               light, warp states, stall reasons, and the partial's SASS page summed by sass_stalls
 #   STAGE=shard_check: the split by layers on one GPU: its GPU test (2 and 4 shards against the plain runner),
 #               then benchmarks.e2e.shard_bridge on the 9b file (bridge cost per token and per 8K prefill)
 #   STAGE=decode_profile: every kernel of a 9B decode step timed alone against its bytes, next to the step
 #               (benchmarks.e2e.decode_profile at depth 0 and 8192; JSON under $OUT)
-#   STAGE=serving_check: the engine's and server's GPU tests (SERVING_TESTS=0 skips them; DEADLINE=s bounds the call) (device logprobs, masked draws with the mask
-#               computed during the forward, prefix snapshots), then on a 9B file with the vocabulary:
-#               structured_output (grammar cost per token), prefix_gate (second-turn TTFT, shared system
-#               prompt) and server_stream (TTFT and t/s as a client sees them)
-#   STAGE=branches: every GPU test the waiting branches touch (coded caches, engine, server, shards) in 8
-#               processes while two 9B files build; then decode_profile (depth 0, 8192) and bench_attn's
-#               decode rows, each step given what is left of a 570 s budget
-#   STAGE=batched_check: the batched decode's GPU tests (B-row GEMV, GDN step, split-K attention, rope store,
-#               the whole model's batched step); bench_gemm's gemv and rows; bench_gdn decode and stages and
-#               bench_attn decode of .cache/ab_base (main), .cache/ab_other (a second branch) and this tree
-#   STAGE=rows_shards: the batched decode's and the shards' GPU tests, bench_gdn's decode rows, then
-#               shard_bridge on the 9b file (issue 15) and structured_output's grammar cost on the 9b file with
-#               the vocabulary (issue 18), each given what is left of a 570 s budget
 #   STAGE=shards_32k: the shard GPU test, then shard_bridge on the 9b file (2 and 4 shards against the plain
 #               runner bit for bit, the bridge's cost, the traced overlap), beside the two 32K GDN GPU tests
 #               (CPU-bound float64 references, 6 BLAS threads each)
-#   STAGE=batched_shards: the batched decoder's and the shards' GPU tests, benchmarks.e2e.batched_decode on the
-#               9b file (aggregate and per-stream t/s at 1-16 streams), shard_bridge --check none, then ncu of
-#               the coded-cache partial in what is left of 400 s
-#   STAGE=ring: the B-row GEMVs' and the batched step's GPU tests, bench_gemm's gemv, rows (ring and tiles)
-#               and the ring's sweep on the 9b shapes, then batched_decode on the 9b file with a profile of
-#               the 16-row step, shard_bridge --check none (issue 15's hand-off GB/s), and the 27b shapes'
-#               rows in what is left of 560 s
-#   STAGE=serve_batched: llama.cpp build and the 9b file with the vocabulary in the background; the B-row GEMV,
-#               batched step and GPU scheduler tests; bench_gemm rows (9b); batched_decode with a profile of
-#               the one-row step; then benchmarks.e2e.concurrency through `ninfer serve --batch-slots 16`
-#               beside llama-batched-bench (issue 17), in what is left of 570 s
-#   STAGE=serve_ours: as serve_batched without llama.cpp (its figures: that stage's run on the same file), in
-#               what is left of 480 s: the batched step's, scheduler's and coded caches' GPU tests, bench_attn's
-#               decode rows (f16 and coded caches), the engine's batched step,
-#               concurrency through `ninfer serve --batch-slots 16`, then prefix_gate (second turn's TTFT at 8K, 16 clients)
-#   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
-#               concurrency (STREAMS, default 1,16) with --no-pack-prompts and without, and prefix_gate (9B with
-#               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
 #   STAGE=kvq_variants: the coded-cache GPU tests (append, rope coding, the three decode partials, the model),
 #               bench_attn's rope rows (the step's launch at 64/128/256 threads) and f16 and coded-cache
 #               decode rows (lanes, tokens, mma), our decode at depth 32K with f16, k3v3 (auto) and k3v3
@@ -66,10 +32,6 @@
 #               cache filled at random (a full prefill is ~1.35e17 FLOPs of attention, past one call), the
 #               last 8,192 prefilled at that depth (the coded prefill timed), 3 decodes of 128 tokens, the
 #               KV memory as allocated and in ninfer info's formula (issue 14), in what is left of DEADLINE
-#   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
-#               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
-#               .cache/ab_base when carried and in this tree, in what is left of DEADLINE (570) s;
-#               the 9b file with the vocabulary made unless /tmp/ninfer_9bv_making says it is being made
 # Usage: STAGE=name OUT=dir bash benchmarks/e2e/h200_decode.sh   (carry wheelhouse/ for the offline install)
 source "$(dirname "$0")/h200_setup.sh"
 # decode_profile of one file at one depth within $1 seconds: the table on stdout, JSON under $OUT
@@ -155,77 +117,6 @@ decode_profile)
   profile 200 9b 0; profile 200 9b 8192
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
-branches)
-  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  genv=$!
-  timeout 300 python3 -m pytest -q -n 8 -m gpu tests/kernels/test_kvq_decode.py tests/kernels/test_kvq_append.py \
-    tests/model/test_kv_types.py tests/engine tests/server -p no:cacheprovider --durations=10 \
-    > "$OUT/logs/test_branches_gpu.log" 2>&1
-  say "branch GPU tests (exit $?): $(tail -1 "$OUT/logs/test_branches_gpu.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/test_branches_gpu.log" | cut -c1-300 | head -20
-  grep -A10 "slowest" "$OUT/logs/test_branches_gpu.log" | cut -c1-150
-  wait $gen $genv
-  profile $(left) 9b 0; profile $(left) 9b 8192
-  timeout $(left) python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
-    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
-  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-serving_check)
-  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  gen=$!
-  if [ "${SERVING_TESTS:-1}" = 1 ]; then
-    timeout 240 python3 -m pytest -q -n 4 -m gpu tests/engine tests/server -p no:cacheprovider \
-      > "$OUT/logs/test_serving_gpu.log" 2>&1
-    say "engine and server GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serving_gpu.log")"
-    grep -E "^(FAILED|ERROR)" "$OUT/logs/test_serving_gpu.log" | cut -c1-300 | head -10
-  fi
-  wait $gen
-  timeout $(left) python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda -n 20 \
-    > "$OUT/logs/structured_9b.log" 2>&1
-  say "structured output (exit $?):"; tail -4 "$OUT/logs/structured_9b.log"
-  timeout $(left) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
-    > "$OUT/logs/prefix_gate.log" 2>&1
-  say "prefix gate (exit $?):"; grep -v "^WARNING" "$OUT/logs/prefix_gate.log" | tail -3
-  timeout $(left) python3 -m benchmarks.e2e.server_stream --model models/q35-9b-vocab.gguf --backend cuda \
-    --out "$OUT/server_stream.json" > "$OUT/logs/server_stream.log" 2>&1
-  say "server stream (exit $?):"; grep -v "^WARNING" "$OUT/logs/server_stream.log" | tail -6
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-concurrency)
-  # issue 17's benchmark: 1 to 32 streams through the server beside llama-batched-bench; with KV_LOGITS=1 the
-  # 9b logits test of the coded caches (issue 14) runs while llama.cpp builds (the GPU is idle meanwhile)
-  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
-  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
-  build=$!
-  if [ -n "${KV_LOGITS:-}" ]; then
-    python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
-    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-    genv=$!
-    NINFER_TEST_9B=models/q35-9b.gguf timeout 240 python3 -m pytest -q -m gpu -s -p no:cacheprovider \
-      tests/bench/test_kv_logits.py -k 9b > "$OUT/logs/kv_logits.log" 2>&1
-    say "9b logits test of the coded caches (exit $?): $(tail -1 "$OUT/logs/kv_logits.log")"
-    grep -E "rel|top-1|greedy" "$OUT/logs/kv_logits.log" | head -8
-    if kill -0 $build 2>/dev/null && [ $SECONDS -lt 220 ]; then   # the GPU idle while the build runs: the
-      timeout 90 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --batches 1,16 --profile 16 \
-        --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
-      say "batched_decode --profile 16 (the 16-row step's kernels), llama.cpp building beside it (exit $?):"
-      grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -22
-    fi
-    wait $genv
-  else
-    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1
-  fi
-  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
-  timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
-    ${STREAMS:+--streams $STREAMS} --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -E "^(ours|  server|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
 kvq_ncu)
   for k in partial combine; do
     timeout 200 ncu --clock-control none -k "regex:$k" -c 1 --set full --import-source yes -o "$OUT/logs/kvq_$k" \
@@ -238,48 +129,6 @@ kvq_ncu)
     python3 -m benchmarks.kernels.sass_stalls "$OUT/logs/kvq_${k}_sass.csv" --top 25 | cut -c1-200
   done
   rm -f "$OUT"/logs/*.ncu-rep
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-batched_check)
-  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
-  timeout 240 python3 -m pytest -q -n 12 -m gpu tests/kernels/test_gemv_rows.py tests/kernels/test_gdn_decode.py \
-    tests/kernels/test_flash_attn_decode.py tests/kernels/test_rope_kernel.py tests/model/test_batched_decode.py \
-    tests/kernels/test_gemv_q8.py -p no:cacheprovider --durations=6 > "$OUT/logs/test_batched_gpu.log" 2>&1
-  say "batched decode GPU tests (exit $?): $(tail -1 "$OUT/logs/test_batched_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_batched_gpu.log" | cut -c1-300 | head -20
-  for tree in .cache/ab_base .cache/ab_other .; do
-    [ -d "$tree/ninfer_numba" ] || continue
-    tag=$(basename "$tree"); only=decode,stages; [ "$tree" = . ] && only=decode
-    ( cd "$tree" && timeout 120 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only $only \
-        --prefill-lengths 8192
-      timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode ) > "$OUT/logs/bench_$tag.log" 2>&1
-    say "bench_gdn $only, bench_attn decode, tree $tree:"; grep -v "^WARNING" "$OUT/logs/bench_$tag.log" | tail -30
-  done
-  timeout $(left) python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows --out "$OUT/logs/gemm.jsonl" \
-    > "$OUT/logs/bench_gemm.log" 2>&1
-  say "bench_gemm 9b gemv, rows (exit $?):"; grep -v "^WARNING" "$OUT/logs/bench_gemm.log" | tail -40
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-rows_shards)
-  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
-  ( python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf
-    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf ) > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  timeout 200 python3 -m pytest -q -n 8 -m "gpu or cudasim" tests/model/test_batched_decode.py \
-    tests/kernels/test_gdn_decode.py tests/kernels/test_pdl.py tests/kernels/test_kernel_cache.py \
-    tests/engine/test_slot_states.py tests/engine/test_sharded_runner.py tests/engine/test_shard_plan.py \
-    -p no:cacheprovider --durations=6 > "$OUT/logs/test_rows_shards_gpu.log" 2>&1
-  say "batched decode and shard GPU tests (exit $?): $(tail -1 "$OUT/logs/test_rows_shards_gpu.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/test_rows_shards_gpu.log" | cut -c1-300 | head -20
-  timeout 60 python3 -m benchmarks.kernels.bench_gdn --model 9b,27b --only decode > "$OUT/logs/bench_gdn.log" 2>&1
-  say "bench_gdn decode (exit $?):"; grep gdn_decode "$OUT/logs/bench_gdn.log"
-  wait $gen
-  timeout $(( $(left) > 280 ? $(left) - 150 : $(left) )) python3 -m benchmarks.e2e.shard_bridge \
-    --model models/q35-9b.gguf > "$OUT/logs/shard_bridge.log" 2>&1
-  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -16
-  timeout $(left) python3 -m benchmarks.e2e.structured_output --model models/q35-9b-vocab.gguf --backend cuda \
-    -n 20 > "$OUT/logs/structured_9b.log" 2>&1
-  say "structured output (exit $?):"; grep -v "^WARNING" "$OUT/logs/structured_9b.log" | tail -8
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 shards_32k)
@@ -299,70 +148,6 @@ shards_32k)
   wait $gdn_pid
   say "GDN GPU tests at 32K (exit $?): $(tail -1 "$OUT/logs/test_gdn_32k.log")"
   grep -E "^(FAILED|E  )|s call" "$OUT/logs/test_gdn_32k.log" | cut -c1-300 | head
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-batched_shards)
-  left() { echo $(( 400 - SECONDS > 10 ? 400 - SECONDS : 10 )); }
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  gpu_tests 150 2 test_batched_shards_gpu "batched decoder and shard" tests/model/test_batched_decode.py \
-    tests/engine/test_sharded_runner.py
-  wait $gen
-  timeout 150 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --out "$OUT/batched_decode.json" \
-    > "$OUT/logs/batched_decode.log" 2>&1
-  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -9
-  timeout $(left) python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf --check none \
-    > "$OUT/logs/shard_bridge.log" 2>&1
-  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -8
-  timeout $(left) ncu --clock-control none -k "regex:partial" -c 1 --set full -o "$OUT/logs/kvq_partial" \
-    python3 -m benchmarks.kernels.bench_attn --model 9b --only kvq > "$OUT/logs/ncu_kvq_partial.log" 2>&1
-  say "ncu kvq partial (exit $?)"
-  ncu --import "$OUT/logs/kvq_partial.ncu-rep" --print-summary none --page details > "$OUT/logs/kvq_partial_details.txt" 2>&1
-  grep -E "Duration|Memory Throughput|DRAM Throughput|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Compute \(SM\)" \
-    "$OUT/logs/kvq_partial_details.txt" | head -14
-  rm -f "$OUT"/logs/*.ncu-rep
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-serve_ours)
-  left() { echo $(( 480 - SECONDS > 10 ? 480 - SECONDS : 10 )); }
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  genv=$!
-  gpu_tests 150 3 test_serve_gpu "batched step and scheduler" tests/model/test_batched_decode.py \
-    tests/kernels/test_kvq_decode.py
-  timeout 60 python3 -m benchmarks.kernels.bench_attn --model 9b --only decode,kvq \
-    --out "$OUT/logs/bench_attn.jsonl" > "$OUT/logs/bench_attn.log" 2>&1
-  say "bench_attn decode (exit $?):"; grep -E "decode" "$OUT/logs/bench_attn.log"
-  wait $genv
-  timeout 70 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf \
-    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
-  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | head -9
-  timeout 110 python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
-    --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
-  timeout $(left) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf --backend cuda \
-    > "$OUT/logs/prefix_gate.log" 2>&1
-  say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-packed)
-  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
-  [ -f models/q35-9b-vocab.gguf ] || python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf \
-    > "$OUT/logs/make_9bv.log" 2>&1 &
-  genv=$!
-  gpu_tests 200 4 test_packed "batched decoder (packed prompts), engine" tests/model/test_batched_decode.py tests/engine
-  wait $genv
-  for pack in --no-pack-prompts ""; do
-    timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf \
-      --backend cuda --batch-slots 16 --streams ${STREAMS:-1,16} --no-llamacpp $pack \
-      --out "$OUT/concurrency${pack:+_unpacked}.json" > "$OUT/logs/concurrency${pack:+_unpacked}.log" 2>&1
-    say "concurrency ${pack:-packed} (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency${pack:+_unpacked}.log" | tail -12
-  done
-  timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
-    --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
-  say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
-  timeout $(( $(left) < 90 ? $(left) : 90 )) python3 -m benchmarks.e2e.admission_cost --model models/q35-9b-vocab.gguf \
-    --warm --packs 3,9,15 > "$OUT/logs/admission.log" 2>&1
-  say "admission cost, singles and packs (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission.log" | tail -14
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 kvq_variants)
@@ -412,71 +197,6 @@ long_context)
   timeout $(left) python3 -m benchmarks.e2e.long_context --model models/q35-27b.gguf --kv-type ${KV:-k3v3} \
     ${DEPTH:+--depth $DEPTH} --fill ${FILL:-$(( ${DEPTH:-261760} - 8192 ))} --out "$OUT/long_context.json" > "$OUT/logs/long_context.log" 2>&1
   say "long_context (exit $?):"; grep -v "^WARNING" "$OUT/logs/long_context.log" | tail -8
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-admissions)
-  left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
-  while [ -f /tmp/ninfer_9bv_making ]; do sleep 2; done
-  [ -f models/q35-9b-vocab.gguf ] || python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf \
-    > "$OUT/logs/make_9bv.log" 2>&1
-  root=$PWD
-  admission() {   # tree [--warm]
-    [ -d "$1/ninfer_numba" ] || return 0
-    ( cd "$1" && timeout $(( $(left) < 60 ? $(left) : 60 )) python3 -m benchmarks.e2e.admission_cost \
-      --model "$root/models/q35-9b-vocab.gguf" ${2:-} ) > "$OUT/logs/admission_$(basename "$1")${2:-}.log" 2>&1
-    say "admission cost, tree $1 ${2:-} (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission_$(basename "$1")${2:-}.log" | tail -10
-  }
-  admission . --warm
-  timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf \
-    --backend cuda --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
-  timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
-    --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
-  say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
-  admission .cache/ab_base
-  admission .
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-serve_batched)
-  left() { echo $(( 570 - SECONDS > 10 ? 570 - SECONDS : 10 )); }
-  python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
-  build=$!
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  genv=$!
-  gpu_tests 200 4 test_serve_gpu "B-row GEMV, batched step and scheduler" tests/kernels/test_gemv_rows.py \
-    tests/model/test_batched_decode.py
-  timeout 120 python3 -m benchmarks.kernels.bench_gemm --model 9b --only rows --out "$OUT/bench_gemm.jsonl" \
-    > "$OUT/logs/bench_rows_9b.log" 2>&1
-  say "bench_gemm 9b rows (exit $?):"; grep -E "gemv_q8|rows ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
-  wait $genv
-  timeout 150 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b-vocab.gguf --profile 1 \
-    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
-  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -40
-  wait $build; say "llama.cpp build: $(tail -1 "$OUT/logs/llamacpp_build.log")"
-  timeout $(left) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf --backend cuda \
-    --batch-slots 16 --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -v "^WARNING" "$OUT/logs/concurrency.log" | tail -24
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
-ring)
-  left() { echo $(( 560 - SECONDS > 10 ? 560 - SECONDS : 10 )); }
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1 &
-  gen=$!
-  gpu_tests 200 4 test_ring_gpu "B-row GEMV and batched step" tests/kernels/test_gemv_rows.py \
-    tests/model/test_batched_decode.py
-  timeout 200 python3 -m benchmarks.kernels.bench_gemm --model 9b --only gemv,rows,sweep --out "$OUT/bench_gemm.jsonl" \
-    > "$OUT/logs/bench_rows_9b.log" 2>&1
-  say "bench_gemm 9b gemv, rows, sweep (exit $?):"; grep -E "gemv_q8|rows ring" "$OUT/logs/bench_rows_9b.log" | cut -c1-120
-  wait $gen
-  timeout $(left) python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --profile 16 \
-    --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
-  say "batched decode (exit $?):"; grep -v "^WARNING" "$OUT/logs/batched_decode.log" | tail -40
-  timeout $(left) python3 -m benchmarks.e2e.shard_bridge --model models/q35-9b.gguf --check none \
-    > "$OUT/logs/shard_bridge.log" 2>&1
-  say "shard_bridge (exit $?):"; grep -v "^WARNING" "$OUT/logs/shard_bridge.log" | tail -12
-  timeout $(left) python3 -m benchmarks.kernels.bench_gemm --model 27b --only rows --out "$OUT/bench_gemm.jsonl" \
-    > "$OUT/logs/bench_rows_27b.log" 2>&1
-  say "bench_gemm 27b rows (exit $?):"; grep -E "rows ring" "$OUT/logs/bench_rows_27b.log" | cut -c1-120
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 esac
