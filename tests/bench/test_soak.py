@@ -10,7 +10,7 @@ from tests.server.helpers import free_port
 
 def test_a_short_soak_has_no_failures(tmp_path, capsys):
     out = tmp_path / "soak.json"
-    assert main(["--requests", "70", "--clients", "6", "--sample-every", "5", "--max-tokens", "4",
+    assert main(["--requests", "70", "--clients", "6", "--sample-every", "2", "--max-tokens", "4",
                  "--port", str(free_port()), "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["failures"] == [] and r["health_after"] == 200 and r["flat"]
