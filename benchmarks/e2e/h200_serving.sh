@@ -24,6 +24,17 @@
 #        .cache/llama.cpp/src too for the stages that build llama.cpp)
 source "$(dirname "$0")/h200_setup.sh"
 left() { echo $(( ${DEADLINE:-570} - SECONDS > 10 ? ${DEADLINE:-570} - SECONDS : 10 )); }
+# the 9b file made, the one with the vocabulary started in the background ($genv), and the coded caches' 9b
+# logits test (issue 14) on the first, within $1 seconds
+kv_logits_test() {
+  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
+  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
+  genv=$!
+  NINFER_TEST_9B=models/q35-9b.gguf timeout $1 python3 -m pytest -q -m gpu -s -p no:cacheprovider \
+    tests/bench/test_kv_logits.py -k 9b > "$OUT/logs/kv_logits.log" 2>&1
+  say "9b logits test of the coded caches (exit $?): $(tail -1 "$OUT/logs/kv_logits.log")"
+  grep -E "rel|top-1|greedy" "$OUT/logs/kv_logits.log" | head -8
+}
 case "${STAGE:-packed}" in
 serving_check)
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
@@ -52,13 +63,7 @@ concurrency)
   python3 -m benchmarks.llamacpp build > "$OUT/logs/llamacpp_build.log" 2>&1 &
   build=$!
   if [ -n "${KV_LOGITS:-}" ]; then
-    python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
-    python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-    genv=$!
-    NINFER_TEST_9B=models/q35-9b.gguf timeout 240 python3 -m pytest -q -m gpu -s -p no:cacheprovider \
-      tests/bench/test_kv_logits.py -k 9b > "$OUT/logs/kv_logits.log" 2>&1
-    say "9b logits test of the coded caches (exit $?): $(tail -1 "$OUT/logs/kv_logits.log")"
-    grep -E "rel|top-1|greedy" "$OUT/logs/kv_logits.log" | head -8
+    kv_logits_test 240
     if kill -0 $build 2>/dev/null && [ $SECONDS -lt 220 ]; then   # the GPU idle while the build runs: the
       timeout 90 python3 -m benchmarks.e2e.batched_decode --model models/q35-9b.gguf --batches 1,16 --profile 16 \
         --out "$OUT/batched_decode.json" > "$OUT/logs/batched_decode.log" 2>&1
@@ -118,13 +123,7 @@ admissions)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 logits_batched)
-  python3 -m ninfer_numba make-model --shape 9b --no-vocab --out models/q35-9b.gguf > "$OUT/logs/make_9b.log" 2>&1
-  python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
-  genv=$!
-  NINFER_TEST_9B=models/q35-9b.gguf timeout 220 python3 -m pytest -q -m gpu -s -p no:cacheprovider \
-    tests/bench/test_kv_logits.py -k 9b > "$OUT/logs/kv_logits.log" 2>&1
-  say "9b logits test of the coded caches (exit $?): $(tail -1 "$OUT/logs/kv_logits.log")"
-  grep -E "rel|top-1|greedy" "$OUT/logs/kv_logits.log" | head -8
+  kv_logits_test 220
   gpu_tests 160 4 test_batched "batched decoder and engine" tests/model/test_batched_decode.py tests/engine
   wait $genv
   timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
