@@ -140,7 +140,7 @@ def plot_run(records_file: Path) -> list[Path]:
         ax.set_ylabel("speedup (ninfer / llama.cpp)")
         ax.set_title(_title(records, "speedup"), fontsize=9)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-        written.append(_save(fig, folder / "speedup.png"))
+        written.append(save_figure(fig, folder / "speedup.png"))
     for kind, fname, xlabel in (("pp", "prefill.png", "prompt length (tokens)"),
                                 ("tg", "decode.png", "context depth before decode (tokens)")):
         series = {e: _series(records, e, kind) for e in ENGINE_STYLE}
@@ -160,13 +160,13 @@ def plot_run(records_file: Path) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.legend()
         ax.set_title(_title(records, "prefill" if kind == "pp" else "decode (tg)"), fontsize=9)
-        written.append(_save(fig, folder / fname))
+        written.append(save_figure(fig, folder / fname))
     table = folder / "table.md"
     table.write_text(markdown_table(records))
     return written + [table]
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

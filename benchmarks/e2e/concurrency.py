@@ -169,10 +169,7 @@ def table(ours_rows: list[dict], llama_rows: list[dict]) -> str:
 
 def plot(report: dict, path: Path) -> Path:
     """Aggregate and per-stream t/s against the number of streams, ours beside llama.cpp's, into path (png)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from benchmarks.plot import ENGINE_STYLE
+    from benchmarks.plot import ENGINE_STYLE, plt, save_figure     # plt there: the files-only backend
     fig, (agg, per) = plt.subplots(1, 2, figsize=(11, 4.2))
     ours, theirs = report["ours"], report["llamacpp"]
     n = [r["streams"] for r in ours]
@@ -197,10 +194,7 @@ def plot(report: dict, path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle(f"{Path(report['model']).name}: {report['prompt_tokens']}-token prompts, {report['max_tokens']} "
                  f"tokens each, --batch-slots {report['batch_slots']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> int:

@@ -150,11 +150,12 @@ def soak(url: str, pid: int, a, log) -> dict:
     wall = time.perf_counter() - t0
     after = httpx.get(url + "/health", timeout=10).status_code       # still serving once it is over
     growth, base, end = memory_growth(samples, int(a.requests * a.warmup))
+    flat = bool(growth <= a.max_growth_mb)
     return {"requests": a.requests, "clients": a.clients, "wall_s": round(wall, 2),
             "outcomes": dict(outcomes), "by_kind": dict(sorted(by_kind.items())), "failures": failures,
             "health_after": after, "rss_mb": samples, "rss_base_mb": base, "rss_end_mb": end,
             "rss_growth_mb": round(growth, 1),
-            "flat": bool(growth <= a.max_growth_mb), "ok": not failures and after == 200 and growth <= a.max_growth_mb}
+            "flat": flat, "ok": not failures and after == 200 and flat}
 
 
 def main(argv=None) -> int:
