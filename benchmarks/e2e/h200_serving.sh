@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving on one H200 (the batched scheduler, the server, the prefix cache), one stage per device call (each
 # under 10 minutes):
-#   STAGE=serving_check: the engine's and server's GPU tests (SERVING_TESTS=0 skips them; DEADLINE=s bounds
+#   STAGE=serving_check: the engine's, server's and GPU model's tests (SERVING_TESTS=0 skips them; DEADLINE=s bounds
 #               the call) (device logprobs, masked draws with the mask computed during the forward, prefix
 #               snapshots), then on a 9B file with the vocabulary:
 #               structured_output (grammar cost per token), prefix_gate (second-turn TTFT, shared system
@@ -40,7 +40,8 @@ serving_check)
   python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf > "$OUT/logs/make_9bv.log" 2>&1 &
   gen=$!
   if [ "${SERVING_TESTS:-1}" = 1 ]; then
-    timeout 240 python3 -m pytest -q -n 4 -m gpu tests/engine tests/server -p no:cacheprovider \
+    timeout 240 python3 -m pytest -q -n 4 -m gpu tests/engine tests/server tests/model/test_gpu_model.py \
+      -p no:cacheprovider \
       > "$OUT/logs/test_serving_gpu.log" 2>&1
     say "engine and server GPU tests (exit $?): $(tail -1 "$OUT/logs/test_serving_gpu.log")"
     grep -E "^(FAILED|ERROR)" "$OUT/logs/test_serving_gpu.log" | cut -c1-300 | head -10

@@ -340,13 +340,13 @@ class CudaRunner:
         self.penalty_counts.copy_to_device(np.ascontiguousarray(window, np.int32), stream=self.stream)
         self.sample_params.copy_to_device(pack_sample_params(**params), stream=self.stream)
 
-    def prefill_sampled(self, ids: list[int], mask=None, logprobs: bool = False) -> int:
-        """Run the prompt and draw the first token on the device (under ``mask``, see decode_sampled); with
-        logprobs its record is then read by last_logprob."""
+    def prefill_sampled(self, ids: list[int], mask=None, logprobs: bool = False, sampled: bool = True) -> int:
+        """Run the prompt and draw the first token on the device (under ``mask``, see decode_sampled), or with
+        sampled=False take the device argmax; with logprobs its record is then read by last_logprob."""
         self._check_room(len(ids))
         self._run_tokens(np.asarray(ids, np.int32), self.state)
         self._load_mask(mask() if callable(mask) else mask)      # a function runs while the prompt does
-        self._pick_kernels(sampled=True, logprobs=logprobs)
+        self._pick_kernels(sampled=sampled, logprobs=logprobs)
         return self._read_token(logprobs)
 
     def decode_sampled(self, token: int, mask=None, logprobs: bool = False) -> int:

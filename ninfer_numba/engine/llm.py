@@ -3,7 +3,8 @@
 ``LLM(path, backend=...)`` opens and validates the GGUF file, builds the tokenizer from its metadata and a
 runner for the chosen backend: ``cpu`` runs the NumPy reference model, ``cuda`` the numba-kernel model.
 Both runners implement the same small protocol (``reset``, ``prefill``, ``decode``, ``all_logits``,
-``position``), so the generation loop below is written once.
+``position``), and every token is picked through one route (engine/token_route.py): the device sampler where
+the runner has one that can draw the request, the same arithmetic on the host otherwise.
 
 Prefix reuse: the runner's state after a generation holds exactly the tokens it consumed (the prompt and the
 generated tokens fed back). When the next prompt extends that sequence, as the next turn of a chat does, the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -25,6 +25,7 @@ import numpy as np
 from ninfer_numba.config import EngineConfig, SamplingParams
 from ninfer_numba.engine.prefix_cache import PrefixCache
 from ninfer_numba.engine.sampling import Sampler
+from ninfer_numba.engine.token_route import token_steps
 from ninfer_numba.model.weights import open_model
 
 
@@ -172,14 +173,12 @@ class LLM:
         rest = self._resume_from_snapshots(ids, self._continue_or_reset(ids), snapshot_at)
         generated: list[int] = []
         try:
-            step = self._token_steps(sampler, rest, lambda: self._snapshot(ids))
-            tok = next(step)
-            for n in range(params.max_tokens):
+            steps = token_steps(self.runner, sampler, rest, self.config.n_vocab, lambda: self._snapshot(ids))
+            for n, tok in enumerate(steps):
                 generated.append(tok)
                 yield tok
                 if tok in stops or n + 1 == params.max_tokens:
                     return
-                tok = step.send(tok)
         finally:                           # the state holds the first `position` tokens of this sequence
             seq = self._fed + rest + generated
             self._fed = seq[:self.runner.position] if self.runner.position <= len(seq) else []
@@ -225,70 +224,6 @@ class LLM:
         self.runner.reset()
         self._fed = []
         self.last_cached_tokens = 0
-
-    def _token_steps(self, sampler: Sampler, ids: list[int], prefilled=lambda: None) -> Iterator[int]:
-        """Generator: runs ``ids`` from the runner's current state, yields the first token after them, then one
-        token per token sent in; ``prefilled()`` runs once ids have run, before any generated token does.
-
-        Where the logits live decides who picks: on a runner with device sampling, plain greedy is the device
-        argmax and other settings run the device sampler when a single penalty window fits
-        (engine/sampling.py), both through run_ahead (the sent-in token is then the device's own choice
-        already); under a grammar the device draws one step at a time, each under the grammar's packed mask.
-        With logprobs, a runner that computes them on the device (kernels/sample/logprobs.py) adds each pick's
-        record to the sampler's log. Everything else (two penalty windows, logprobs on a runner without device
-        logprobs) picks on the host from logits copied back.
-        """
-        r = self.runner
-        logprobs = sampler.p.logprobs is not None
-        on_device = getattr(r, "supports_device_sampling", False) and (
-            not logprobs or getattr(r, "supports_device_logprobs", False))
-        window = sampler.device_window() if on_device else None
-        if on_device and logprobs:
-            r.start_logprobs(sampler.p.logprobs)
-
-        def note(tok: int) -> None:           # the device's record of the token it just picked
-            if logprobs:
-                sampler.logprob_log.append(r.last_logprob(tok))
-
-        if on_device and sampler.constraint is not None and window is not None:
-            # the device draws under the grammar's mask; the next mask needs this token, so no step runs ahead
-            n_vocab = self.config.n_vocab
-            r.start_sampling(window, sampler.device_params())
-            mask = partial(sampler.mask_words, n_vocab)  # computed by the runner while its forward runs
-            tok = r.prefill_sampled(ids, mask=mask, logprobs=logprobs)
-            prefilled()
-            while True:
-                note(tok)
-                sampler.record_masked(tok)
-                tok = r.decode_sampled((yield tok), mask=mask, logprobs=logprobs)
-        elif on_device and sampler.constraint is None and (sampler.is_plain_greedy or window is not None):
-            # the device picks every token and the next step is queued before the host sees this one
-            sampled = not sampler.is_plain_greedy
-            if sampled:
-                r.start_sampling(window, sampler.device_params())
-                tok = r.prefill_sampled(ids, logprobs=logprobs)
-                prefilled()
-                note(tok)
-                sampler.record(tok)
-            else:
-                tok = sampler.pick(r.prefill(ids))     # the host's argmax (and logprobs) of the copied logits
-                prefilled()
-            yield tok
-            for tok in r.run_ahead(tok, sampled=sampled, logprobs=logprobs):
-                note(tok)
-                if sampled:
-                    sampler.record(tok)
-                yield tok
-        elif sampler.is_plain_greedy and sampler.constraint is None and not logprobs:
-            tok = sampler.pick(r.prefill(ids))
-            prefilled()
-            while True:
-                tok = r.decode_greedy((yield tok))
-        else:
-            tok = sampler.pick(r.prefill(ids))
-            prefilled()
-            while True:
-                tok = sampler.pick(r.decode((yield tok)))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                  constraint=None) -> GenerationResult:

@@ -72,13 +72,8 @@ class Sampler:
         return bool(self.p.presence_penalty or self.p.frequency_penalty)
 
     def mask_words(self, n_vocab: int) -> np.ndarray:
-        """The grammar's allowed set for the next draw, packed for the device sampler."""
+        """The grammar's allowed set for the next draw, packed (int32 [ceil(V/32)], constraint.bitmask)."""
         return self.constraint.bitmask(n_vocab)
-
-    def record_masked(self, tok: int) -> None:
-        """Account for a token the device drew under the grammar's mask; the grammar advances on it."""
-        self.constraint.advance(tok)
-        self.record(tok)
 
     @property
     def is_plain_greedy(self) -> bool:
@@ -108,26 +103,32 @@ class Sampler:
             x = apply_penalties_ref(x, self.counts, presence=p.presence_penalty, frequency=p.frequency_penalty)
         return x
 
-    def pick(self, logits: np.ndarray) -> int:
-        """Choose from ``logits`` [V] on the host and record the choice."""
+    def choose(self, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
+        """The draw from ``logits`` [V] under the packed mask (mask_words) when given; nothing is recorded."""
         p = self.p
-        u = philox_uniform(self.seed, self.step)
         x = self.penalised(logits)
-        if self.constraint is not None:
-            allowed = np.zeros(x.shape[0], bool)
-            ok = self.constraint.allowed()[:x.shape[0]]      # ids past the tokenizer's vocabulary: never
-            allowed[:ok.shape[0]] = ok
-            x = np.where(allowed, x, np.float32(-np.inf))
-        tok = sample_ref(x, p.temperature, p.top_k, p.top_p, p.min_p, u)
-        if p.logprobs is not None:
-            self.logprob_log.append(token_logprob(logits, tok, p.logprobs))
+        if mask is not None:
+            allowed = np.unpackbits(np.asarray(mask).view(np.uint8), bitorder="little")[:x.shape[0]]
+            x = np.where(allowed.astype(bool), x, np.float32(-np.inf))
+        return sample_ref(x, p.temperature, p.top_k, p.top_p, p.min_p, philox_uniform(self.seed, self.step))
+
+    def pick(self, logits: np.ndarray) -> int:
+        """Choose from ``logits`` [V] on the host, under the grammar, and record the choice."""
+        mask = self.mask_words(np.asarray(logits).size) if self.constraint is not None else None
+        tok = self.choose(logits, mask)
+        if self.p.logprobs is not None:
+            self.logprob_log.append(token_logprob(logits, tok, self.p.logprobs))
+        self.accept(tok)
+        return tok
+
+    def accept(self, tok: int) -> None:
+        """Account for a token chosen here or on the device: the grammar advances on it, the counts see it."""
         if self.constraint is not None:
             self.constraint.advance(tok)
         self.record(tok)
-        return tok
 
     def record(self, tok: int) -> None:
-        """Account for a token chosen here or on the device."""
+        """The draw counter and the penalty windows see tok."""
         self.step += 1
         self.counts[tok] += 1
         self.seen[tok] = 1

@@ -50,9 +50,9 @@ class DeviceEmulatingRunner(CpuRunner):
             self.last = token_logprob(logits, tok, self.n_top)
         return tok
 
-    def prefill_sampled(self, ids, mask=None, logprobs=False):
+    def prefill_sampled(self, ids, mask=None, logprobs=False, sampled=True):
         logits = self.prefill(ids)                        # a mask function runs after the forward, as there
-        return self._pick(logits, mask() if callable(mask) else mask, logprobs)
+        return self._pick(logits, mask() if callable(mask) else mask, logprobs, sampled)
 
     def decode_sampled(self, token, mask=None, logprobs=False):
         logits = self.decode(token)
