@@ -1,7 +1,7 @@
 """What admitting a prompt into a batched-decode slot costs on the GPU: its prefill, a snapshot, a restore.
 
     python -m benchmarks.e2e.admission_cost --model M.gguf [--lengths 128,131,128,140,128,129,137,128] [--warm]
-        [--packs 3,9,15]
+        [--packs 3,9,15] [--profile 25]
 
 Each prompt (random ids of the given length) is prefilled into its own slot of ``LLM.scheduler(16)``'s
 decoder, then snapshotted and restored into another slot; wall milliseconds of each with the stream
@@ -12,11 +12,16 @@ decode: ... prefills in ...``) gives the same cost in service.
 Then --packs: for each count k, k prompts (the lengths in turn) prefilled together by the decoder's
 prefill_many (one packed forward, as the scheduler admits three or more waiting prompts), twice: wall ms
 with the stream synchronized, the first time and again (kernels and plans first met, then the steady cost),
-beside k single prefills' sum from the table above.
+beside k single prefills' sum from the table above, and how the second splits: the host's enqueueing of the
+forward, then the picks and the wait for the GPU (BatchedDecoder.last_pack_seconds). --profile N: the last
+pack's second forward under cProfile, its N costliest functions by own time (where a launch-bound forward's
+host time goes).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 import time
 
@@ -29,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="128,131,128,140,128,129,137,128")
     ap.add_argument("--warm", action="store_true", help="capture the prefill pieces first, as a server does")
     ap.add_argument("--packs", default="3,9,15", help="prompts per packed prefill to time ('' for none)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print the N costliest functions of the last pack's second forward (cProfile)")
     a = ap.parse_args(argv)
     from ninfer_numba import LLM
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -60,22 +67,34 @@ def main(argv=None) -> int:
     if packs and not hasattr(dec, "prefill_many"):
         raise SystemExit("this decoder has no prefill_many")
     if packs:
-        print(f"{'prompts':>7} {'tokens':>6} {'packed ms, first':>16} {'again':>7} {'singles ms':>10}")
+        print(f"{'prompts':>7} {'tokens':>6} {'packed ms, first':>16} {'again':>7} {'enqueue':>7} {'wait':>6} "
+              f"{'singles ms':>10}")
+    profile = None
     for k in packs:
         if not 1 <= k <= dec.n_slots:
             raise SystemExit(f"a pack of {k}: at most {dec.n_slots} prompts (one per slot)")
         ns = [lengths[j % len(lengths)] for j in range(k)]
         items = [(j, rng.integers(0, llm.config.n_vocab, n).tolist()) for j, n in enumerate(ns)]
         ms = []
-        for _ in range(2):
+        for again in range(2):
             for j, _ids in items:
                 dec.reset(j)
+            dec.stream.synchronize()
+            if again and a.profile and k == packs[-1]:
+                profile = cProfile.Profile()
+                profile.enable()
             t0 = time.perf_counter()
             dec.prefill_many(items)
             dec.stream.synchronize()
             ms.append((time.perf_counter() - t0) * 1e3)
+        if profile is not None:
+            profile.disable()
+        enqueue, wait = (x * 1e3 for x in dec.last_pack_seconds)
         single = sum(singles[j % len(singles)] for j in range(k))
-        print(f"{k:>7} {sum(ns):>6} {ms[0]:>16.1f} {ms[1]:>7.1f} {single:>10.1f}")
+        print(f"{k:>7} {sum(ns):>6} {ms[0]:>16.1f} {ms[1]:>7.1f} {enqueue:>7.1f} {wait:>6.1f} {single:>10.1f}")
+    if profile is not None:
+        print(f"the pack of {packs[-1]}'s second forward (under cProfile, slower than above), by own time:")
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(a.profile)
     return 0
 
 

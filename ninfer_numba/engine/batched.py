@@ -21,6 +21,8 @@ cache serves both.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ninfer_numba.engine.cache import SequenceState
@@ -157,6 +159,7 @@ class BatchedDecoder:
         themselves (model.forward_packed: each matmul reads its weights once for all of them), eagerly: one
         forward's ~400 launches plus a few per prompt, where prefill() replays a captured forward per prompt
         and piece. Returns each one's greedy next token."""
+        t0 = time.perf_counter()
         slots = [s for s, _ in items]
         n_seqs, n_tokens = self.pack_room
         total = sum(len(ids) for _, ids in items)
@@ -171,7 +174,11 @@ class BatchedDecoder:
         m.forward_packed([(v, len(x)) for v, (_, x) in zip(views, items)])
         for s, v in zip(slots, views):
             self.states.adopt(s, v)
-        return self._read_picks(len(items))
+        t1 = time.perf_counter()
+        picks = self._read_picks(len(items))
+        # host seconds enqueueing the forward, then its picks and the wait for the GPU (Scheduler.summary)
+        self.last_pack_seconds = (t1 - t0, time.perf_counter() - t1)
+        return picks
 
     def _start_prefill(self, items: list[tuple[int, list[int]]]) -> None:
         """Check each (slot, ids) fits its slot and no step is in flight; then buf.tokens is the prompts'."""

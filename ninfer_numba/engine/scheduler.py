@@ -76,7 +76,8 @@ class Scheduler:
         self.slots: list[Sequence | None] = [None] * decoder.n_slots
         self.retired: Counter[str] = Counter()      # finish reasons so far
         # where the time goes (wall seconds on the calling thread): "prefill" (admissions, cache restores and
-        # snapshots included; "packed": the part in packed forwards, "pack snapshots": their snapshots), "step"
+        # snapshots included; "packed": the part in packed forwards, "pack launches": the host's enqueueing of
+        # their forwards (the decoder's last_pack_seconds), "pack snapshots": their snapshots), "step"
         # (the decoder's steps: launches, and the waits in collect); counts: "prefills" (sequences admitted),
         # "packs" (packed forwards), "packed" (sequences admitted by them), "pieces" (prompt forwards of the
         # others), "steps", "rows" (sequences stepped, summed over steps)
@@ -170,8 +171,9 @@ class Scheduler:
         """One line: steps, mean rows, prefills, and the seconds of each."""
         steps = self.counts["steps"]
         c, sec = self.counts, self.seconds
-        packs = (f" ({c['packed']} of them in {c['packs']} packed forwards, {sec['packed']:.3f} s, "
-                 f"{sec['pack snapshots']:.3f} s of it their snapshots)" if c["packs"] else "")
+        packs = (f" ({c['packed']} of them in {c['packs']} packed forwards, {sec['packed']:.3f} s: "
+                 f"{sec['pack launches']:.3f} s enqueueing the forwards, {sec['pack snapshots']:.3f} s their "
+                 f"snapshots)" if c["packs"] else "")
         return (f"{steps} steps of {c['rows'] / max(steps, 1):.1f} rows on average in "
                 f"{sec['step']:.3f} s; {c['prefills']} prefills in {sec['prefill']:.3f} s{packs}")
 
@@ -198,6 +200,7 @@ class Scheduler:
         starts = [self._start(self._seat(self.waiting.popleft())) for _ in pack]
         tokens = dec.prefill_many([(q.slot, q.prompt_ids[b:]) for q, b in zip(pack, starts)])
         t1 = time.perf_counter()
+        self.seconds["pack launches"] += getattr(dec, "last_pack_seconds", (0.0, 0.0))[0]
         if cache is not None:
             for q in pack:
                 cache.keep(q.prompt_ids, lambda s=q.slot: dec.snapshot(s))

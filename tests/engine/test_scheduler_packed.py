@@ -46,7 +46,7 @@ def test_waiting_prompts_are_packed_into_one_prefill():
     assert [q for q, _ in made][:4] == seqs and sched.counts["prefills"] == 4
     assert sched.counts["packs"] == 1 and sched.counts["packed"] == 4
     assert "4 prefills in" in sched.summary() and "(4 of them in 1 packed forwards," in sched.summary()
-    assert "s of it their snapshots)" in sched.summary()
+    assert "s enqueueing the forwards, " in sched.summary() and "s their snapshots)" in sched.summary()
     assert dec.calls[1] == ("step", (0, 1, 2, 3))
     _run(sched)
     for q in seqs:
