@@ -7,6 +7,7 @@ when a launch asks for more).
 """
 from __future__ import annotations
 
+from ninfer_numba.kernels.fast_launch import arg_key
 from ninfer_numba.kernels.numba_env import SIMULATOR, cuda
 
 STATIC_SMEM_LIMIT = 48 * 1024           # bytes a launch may ask for without the attribute
@@ -20,7 +21,7 @@ def allow_dynamic_smem(kernel, args, nbytes: int) -> None:
         return
     # keyed by what decides numba's specialization (class, dtype, rank, layout of each argument), read from
     # attributes: numba's own typeof of every argument cost ~13 us each, 21 ms of a 9B prefill's 121 ms
-    key = (kernel, tuple(_arg_key(a) for a in args), cuda.get_current_device().id)
+    key = (kernel, tuple(arg_key(a) for a in args), cuda.get_current_device().id)
     if _OPTED_IN.get(key, 0) >= nbytes:
         return
     from numba.cuda.cudadrv.driver import binding, driver
@@ -29,15 +30,3 @@ def allow_dynamic_smem(kernel, args, nbytes: int) -> None:
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
     _OPTED_IN[key] = nbytes
-
-
-def _arg_key(a):
-    """An array's class, dtype, rank and layout inputs (contiguity, broadcast strides); a scalar's class; a
-    tuple's items'."""
-    if isinstance(a, tuple):
-        return tuple(_arg_key(x) for x in a)
-    strides = getattr(a, "strides", None)
-    if strides is None:
-        return type(a)
-    flags = a.flags
-    return type(a), a.dtype, a.ndim, flags["C_CONTIGUOUS"], flags["F_CONTIGUOUS"], 0 in strides

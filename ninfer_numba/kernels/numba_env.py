@@ -64,3 +64,5 @@ def check_numba_cuda() -> None:
             reason = " ".join(str(e).split()).rstrip(" :")
         raise BackendUnavailableError(f"the cuda backend needs an NVIDIA GPU and driver ({reason}); "
                                       "use --backend cpu (backend='cpu') to run the NumPy reference")
+    from ninfer_numba.kernels.fast_launch import install
+    install()                   # eager launches with less host work (fast_launch.py); none in the simulator

@@ -44,6 +44,8 @@ def _install() -> None:
     global _installed
     if _installed or SIMULATOR:
         return
+    from ninfer_numba.kernels.fast_launch import install
+    install()                   # under this wrapper: its call sets the flag the fast path's launch reads
     import numba.cuda.dispatcher as nd
     from cuda.core import LaunchConfig
 
