@@ -12,10 +12,6 @@
 #   STAGE=packed: the batched decoder's GPU tests (packed prompts among them) and the engine's, then the server's
 #               concurrency (STREAMS, default 1,16) with --no-pack-prompts and without, and prefix_gate (9B with
 #               the vocabulary; DEADLINE=s bounds the call), then admission_cost with packs of 3, 9 and 15 prompts
-#   STAGE=admissions: what admitting a prompt costs (benchmarks.e2e.admission_cost with the pieces warmed),
-#               concurrency through `ninfer serve --batch-slots 16`, prefix_gate, then admission_cost cold in
-#               .cache/ab_base when carried and in this tree, in what is left of DEADLINE (570) s;
-#               the 9b file with the vocabulary made unless /tmp/ninfer_9bv_making says it is being made
 #   STAGE=logits_batched: the 9b coded-cache logits test alone (issue 14; no build beside it), the batched
 #               decoder's and the engine's GPU tests (chunked admissions among them), then prefix_gate and
 #               concurrency (1 and 16 streams, no llama.cpp) on the 9b file with the vocabulary, in what is
@@ -101,28 +97,6 @@ packed)
   say "admission cost, singles and packs (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission.log" | tail -14
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
-admissions)
-  while [ -f /tmp/ninfer_9bv_making ]; do sleep 2; done
-  [ -f models/q35-9b-vocab.gguf ] || python3 -m ninfer_numba make-model --shape 9b --out models/q35-9b-vocab.gguf \
-    > "$OUT/logs/make_9bv.log" 2>&1
-  root=$PWD
-  admission() {   # tree [--warm]
-    [ -d "$1/ninfer_numba" ] || return 0
-    ( cd "$1" && timeout $(( $(left) < 60 ? $(left) : 60 )) python3 -m benchmarks.e2e.admission_cost \
-      --model "$root/models/q35-9b-vocab.gguf" ${2:-} ) > "$OUT/logs/admission_$(basename "$1")${2:-}.log" 2>&1
-    say "admission cost, tree $1 ${2:-} (exit $?):"; grep -v "^WARNING" "$OUT/logs/admission_$(basename "$1")${2:-}.log" | tail -10
-  }
-  admission . --warm
-  timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m benchmarks.e2e.concurrency --model models/q35-9b-vocab.gguf \
-    --backend cuda --batch-slots 16 --no-llamacpp --out "$OUT/concurrency.json" > "$OUT/logs/concurrency.log" 2>&1
-  say "concurrency (exit $?):"; grep -E "^(ours|\||ninfer serve)" "$OUT/logs/concurrency.log" | tail -24
-  timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m benchmarks.e2e.prefix_gate --model models/q35-9b-vocab.gguf \
-    --backend cuda > "$OUT/logs/prefix_gate.log" 2>&1
-  say "prefix_gate (exit $?):"; grep -E "^(turn|16 clients)" "$OUT/logs/prefix_gate.log"
-  admission .cache/ab_base
-  admission .
-  tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
-  ;;
 logits_batched)
   kv_logits_test 220
   gpu_tests 160 4 test_batched "batched decoder and engine" tests/model/test_batched_decode.py tests/engine
@@ -136,6 +110,6 @@ logits_batched)
   tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
   ;;
 *)
-  echo "unknown STAGE ${STAGE}: serving_check, concurrency, packed, admissions, logits_batched"; exit 2
+  echo "unknown STAGE ${STAGE}: serving_check, concurrency, packed, logits_batched"; exit 2
   ;;
 esac
