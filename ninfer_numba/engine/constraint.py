@@ -34,6 +34,8 @@ import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
+from ninfer_numba.kernels.sample.ref import mask_allowed
+
 # json.dumps's default separators and no free whitespace (see the module docstring). Passed as llguidance's
 # defaults so that a schema's own "x-guidance" options still take precedence.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -137,7 +139,7 @@ class TokenConstraint:
 
     def allowed(self) -> np.ndarray:
         """bool [n_vocab]: the tokens the grammar allows next (the stop tokens once the grammar is complete)."""
-        return np.unpackbits(self._words().view(np.uint8), bitorder="little")[:self._n_vocab].view(bool)
+        return mask_allowed(self._words(), self._n_vocab)
 
     def bitmask(self, n_vocab: int) -> np.ndarray:
         """allowed() packed for the device sampler: int32 [ceil(n_vocab / 32)], bit i % 32 of word i // 32 set

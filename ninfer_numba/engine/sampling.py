@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ninfer_numba.config import SamplingParams
-from ninfer_numba.kernels.sample.ref import apply_penalties_ref, philox_uniform, sample_ref
+from ninfer_numba.kernels.sample.ref import apply_mask_ref, apply_penalties_ref, philox_uniform, sample_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +108,7 @@ class Sampler:
         p = self.p
         x = self.penalised(logits)
         if mask is not None:
-            allowed = np.unpackbits(np.asarray(mask).view(np.uint8), bitorder="little")[:x.shape[0]]
-            x = np.where(allowed.astype(bool), x, np.float32(-np.inf))
+            x = apply_mask_ref(x, mask)
         return sample_ref(x, p.temperature, p.top_k, p.top_p, p.min_p, philox_uniform(self.seed, self.step))
 
     def pick(self, logits: np.ndarray) -> int:

@@ -13,7 +13,7 @@ import pytest
 from ninfer_numba import LLM, SamplingParams
 from ninfer_numba.engine.cpu_runner import CpuRunner
 from ninfer_numba.engine.sampling import Sampler, token_logprob
-from ninfer_numba.kernels.sample.ref import apply_penalties_ref, philox_uniform, sample_ref
+from ninfer_numba.kernels.sample.ref import apply_mask_ref, apply_penalties_ref, philox_uniform, sample_ref
 
 
 class DeviceEmulatingRunner(CpuRunner):
@@ -39,8 +39,7 @@ class DeviceEmulatingRunner(CpuRunner):
             p = self.params
             x = apply_penalties_ref(logits, self.window, p["repetition"], p["presence"], p["frequency"])
             if mask is not None:
-                allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[:x.shape[0]].astype(bool)
-                x = np.where(allowed, x, np.float32(-np.inf))
+                x = apply_mask_ref(x, mask)
             tok = sample_ref(x, p["temperature"], p["top_k"], p["top_p"], p["min_p"],
                              philox_uniform(p["seed"], p["step"]))
             p["step"] += 1                      # the kernel advances its draw counter

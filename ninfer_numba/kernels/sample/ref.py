@@ -70,6 +70,17 @@ class SortedMasses:
     c: np.ndarray               # [V] float64 prefix masses: c[j-1] = F(j), the mass of the first j tokens
 
 
+def mask_allowed(words: np.ndarray, n: int) -> np.ndarray:
+    """bool [n] from a packed mask (int32 words [ceil(n / 32)]): token i allowed where bit i % 32 of word i // 32
+    is set, the packing the device sampler reads (engine/constraint.py's bitmask writes it)."""
+    return np.unpackbits(np.asarray(words).view(np.uint8), bitorder="little")[:n].view(bool)
+
+
+def apply_mask_ref(logits: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """logits [V] with every token the packed mask forbids at -inf (before the draw, as the device does)."""
+    return np.where(mask_allowed(words, logits.shape[0]), logits, np.float32(-np.inf))
+
+
 def sorted_masses(logits: np.ndarray, temperature: float) -> SortedMasses:
     """logits: [V] float32 (already penalised), temperature > 0. Steps 3 of the module docstring."""
     logits = np.asarray(logits, np.float32)
