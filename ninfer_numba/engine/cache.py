@@ -5,8 +5,6 @@ cuda_runner's snapshots) and capture the decode graphs over its buffers.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from ninfer_numba.config import ModelConfig
@@ -107,18 +105,6 @@ class SequenceState:
         self.host_pos = 0
 
 
-class _SlotArrays(NamedTuple):
-    """One slot's views of SlotStates' slabs (per layer: its KV heads, its conv and recurrent states), its own
-    position words, and its GDN states flat (what reset zeroes)."""
-    k: dict
-    v: dict
-    conv: dict
-    ssm: dict
-    pos: object            # [1] int32 device word
-    kv_len: object         # [1] int32 device word
-    flat_states: list
-
-
 class SlotStates:
     """Device memory of n_slots sequences for batched decode steps, in the f16 KV format: per attention layer
     K and V slabs [n_slots·Hkv, max_seq, d] (slot s holds heads [s·Hkv, (s+1)·Hkv)), per GDN layer conv
@@ -140,18 +126,14 @@ class SlotStates:
                                                 stream=stream)
         self.host_pos = [0] * n_slots
         self._rows: dict[int, SlotRows] = {}
-        # slot -> its views of the slabs and its pos / kv_len words, made at its first view(): a view's 64
-        # slices (9B) and two allocations were made anew for every admission and snapshot, new arrays that
-        # kernels/fast_launch.py must also flatten anew
-        self._slot_arrays: dict[int, _SlotArrays] = {}
         for s in range(n_slots):                      # device_array is uninitialised: every slot starts empty
             self.reset(s)
 
     def reset(self, s: int) -> None:
         """Empty slot s for a new sequence: zero its GDN conv and recurrent states and its position (its KV
         rows beyond the position are never read)."""
-        for a in self._arrays(s).flat_states:
-            position.fill_zero(a, stream=self.stream)
+        for a in list(self.conv.values()) + list(self.ssm.values()):
+            position.fill_zero(a[s].reshape(-1), stream=self.stream)
         self.host_pos[s] = 0
 
     def rows(self, batch: int) -> "SlotRows":
@@ -165,25 +147,16 @@ class SlotStates:
     def view(self, s: int) -> SequenceState:
         """Slot s as a SequenceState over the slabs' memory, with its own position counters (hand it back
         with ``adopt`` after running it, so the next set_rows starts the slot where it stopped)."""
-        a = self._arrays(s)
         st = SequenceState.__new__(SequenceState)
+        h = slice(s * self.c.n_head_kv, (s + 1) * self.c.n_head_kv)
         st.max_seq, st.head_dim, st.kvq, st.host_pos = self.max_seq, self.c.head_dim, {}, self.host_pos[s]
-        st.k_cache, st.v_cache, st.conv, st.ssm = dict(a.k), dict(a.v), dict(a.conv), dict(a.ssm)
-        st.pos, st.kv_len = a.pos, a.kv_len          # one slot's views run one after another on the stream
-        position.set_position(a.pos, self.host_pos[s], stream=self.stream)
+        st.k_cache = {i: a[h] for i, a in self.k_cache.items()}
+        st.v_cache = {i: a[h] for i, a in self.v_cache.items()}
+        st.conv = {i: a[s] for i, a in self.conv.items()}
+        st.ssm = {i: a[s] for i, a in self.ssm.items()}
+        st.pos = cuda.to_device(np.array([self.host_pos[s]], np.int32), stream=self.stream)
+        st.kv_len = cuda.device_array(1, np.int32, stream=self.stream)
         return st
-
-    def _arrays(self, s: int) -> "_SlotArrays":
-        """Slot s's views of the slabs, made at its first use."""
-        arrays = self._slot_arrays.get(s)
-        if arrays is None:
-            h = slice(s * self.c.n_head_kv, (s + 1) * self.c.n_head_kv)
-            conv, ssm = {i: a[s] for i, a in self.conv.items()}, {i: a[s] for i, a in self.ssm.items()}
-            word = lambda: cuda.device_array(1, np.int32, stream=self.stream)    # noqa: E731
-            arrays = self._slot_arrays[s] = _SlotArrays(
-                {i: a[h] for i, a in self.k_cache.items()}, {i: a[h] for i, a in self.v_cache.items()}, conv, ssm,
-                word(), word(), [a.reshape(-1) for a in [*conv.values(), *ssm.values()]])
-        return arrays
 
     def adopt(self, s: int, view: SequenceState) -> None:
         """Take the position a view of slot s reached (a prefill on it)."""
